@@ -1,0 +1,25 @@
+"""tinygrad_ckpt: a small NumPy/CuPy autograd engine that shows where training memory goes and how
+activation checkpointing buys it back.
+
+    import tinygrad_ckpt as tg
+    from tinygrad_ckpt import nn, optim, functional as F
+"""
+
+from . import debug
+from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
+from .function import Context, Function
+from .ledger import Ledger, OutOfMemoryError
+from .tape import Tape, TapeEntry, name_scope, no_grad
+from .tensor import Parameter, Tensor
+
+from . import functional, nn, optim  # noqa: E402,I001  (after Tensor)
+from .checkpoint import checkpoint, checkpoint_sequential  # noqa: E402
+
+detect_anomaly = debug.detect_anomaly
+
+__all__ = [
+    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "name_scope",
+    "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger", "OutOfMemoryError",
+    "checkpoint", "checkpoint_sequential", "detect_anomaly", "debug", "functional", "nn", "optim",
+]
+__version__ = "0.1.0"

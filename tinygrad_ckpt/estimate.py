@@ -1,0 +1,369 @@
+"""Analytic memory and compute estimates for GPT-style training.
+
+Every formula is written one named term per line, with its unit and its source.
+Sources, cited in comments as [tag]:
+
+* [seed]  the course text, "The Memory Problem Activation Checkpointing Solves".
+* [K22]   Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
+          Transformer Models" (arXiv:2205.05198), sec. 4.1, Eq. 1 and Table 2.
+* [C16]   Chen, Xu, Zhang, Guestrin 2016, "Training Deep Nets with Sublinear
+          Memory Cost" (arXiv:1604.06174), sec. 4, Eq. 1.
+* [nanoGPT] karpathy/nanoGPT model.py parameter layout (bias=True, tied lm_head).
+* [Adam]  Adam/AdamW keep two fp32 moments per parameter (m, v); mixed precision
+          adds an fp32 master copy (16 bytes/param with 2-byte params and grads).
+* [engine] what this engine's ops save for backward in a pre-LN nanoGPT block.
+
+Pure Python: sizes are ints of bytes (or FLOPs); nothing here needs NumPy.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+_DTYPE_BYTES = {
+    "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
+    "float32": 4, "float": 4, "fp32": 4, "single": 4,
+    "float64": 8, "double": 8, "fp64": 8,
+    "bool": 1, "int8": 1, "uint8": 1, "int32": 4, "int64": 8,
+}
+
+
+def dtype_bytes(dtype) -> int:
+    """Bytes per element for a dtype name, a numpy dtype or a numpy scalar type."""
+    name = getattr(dtype, "__name__", None) or str(dtype)
+    name = name.lower().removeprefix("torch.").removeprefix("np.").removeprefix("numpy.")
+    try:
+        return _DTYPE_BYTES[name]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+def format_bytes(n: float, decimal: bool = False) -> str:
+    """'24.0 GiB' (binary, default) or '25.8 GB' (decimal=True); plain 'B' below one unit."""
+    base, units = (1000, ("B", "kB", "MB", "GB", "TB", "PB")) if decimal else (
+        1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
+    sign, x = ("-" if n < 0 else ""), abs(n)
+    i = 0
+    while x >= base and i < len(units) - 1:
+        x, i = x / base, i + 1
+    return f"{sign}{int(x)} B" if i == 0 else f"{sign}{x:.1f} {units[i]}"
+
+
+@dataclass
+class GPTShape:
+    """A nanoGPT-style model and batch. block_size defaults to seq_len."""
+
+    n_layer: int
+    d_model: int
+    n_head: int
+    seq_len: int
+    batch: int
+    vocab_size: int = 50304
+    block_size: int | None = None
+    dtype: str = "float32"
+    dropout: float = 0.0
+
+    def __post_init__(self):
+        if self.block_size is None:
+            self.block_size = self.seq_len
+        if self.d_model % self.n_head:
+            raise ValueError("d_model must be divisible by n_head")
+        if self.seq_len > self.block_size:
+            raise ValueError("seq_len exceeds block_size")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def value_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+
+# ---------------------------------------------------------------- parameters
+
+def gpt_parameter_terms(shape: GPTShape) -> dict[str, int]:
+    """Parameter counts (elements) per tensor group, nanoGPT layout [nanoGPT]."""
+    d, L = shape.d_model, shape.n_layer
+    t = {}
+    t["wte"] = shape.vocab_size * d              # elements; token embedding, tied with lm_head (counted once)
+    t["wpe"] = shape.block_size * d              # elements; learned position embedding
+    t["h.ln_1"] = L * 2 * d                      # elements; LayerNorm weight + bias
+    t["h.attn.c_attn"] = L * (3 * d * d + 3 * d)  # elements; fused Q,K,V Linear d -> 3d, weight + bias
+    t["h.attn.c_proj"] = L * (d * d + d)         # elements; attention output Linear d -> d
+    t["h.ln_2"] = L * 2 * d                      # elements; LayerNorm weight + bias
+    t["h.mlp.c_fc"] = L * (4 * d * d + 4 * d)    # elements; MLP Linear d -> 4d
+    t["h.mlp.c_proj"] = L * (d * 4 * d + d)      # elements; MLP Linear 4d -> d
+    t["ln_f"] = 2 * d                            # elements; final LayerNorm
+    return t
+
+
+def gpt_parameter_count(shape: GPTShape) -> int:
+    """Total parameters (tied lm_head counted once) [nanoGPT]."""
+    return sum(gpt_parameter_terms(shape).values())
+
+
+def training_state_terms(params, optimizer: str | None = "adamw", param_dtype=None,
+                         master_weights: bool = False) -> dict[str, int]:
+    """Bytes of parameters, gradients and optimizer state [Adam].
+
+    params: a GPTShape or a parameter count. param_dtype defaults to shape.dtype
+    (float32 for a bare count). Optimizer states and the master copy are float32.
+    """
+    if isinstance(params, GPTShape):
+        param_dtype = param_dtype or params.dtype
+        params = gpt_parameter_count(params)
+    pb = dtype_bytes(param_dtype or "float32")
+    P, fp32 = params, 4
+    t = {}
+    t["parameters"] = P * pb                     # bytes; weights in param_dtype
+    t["gradients"] = P * pb                      # bytes; one gradient per weight, same dtype
+    if master_weights:
+        t["master_weights"] = P * fp32           # bytes; fp32 master copy for mixed precision
+    if optimizer in ("adam", "adamw"):
+        t["adam_m"] = P * fp32                   # bytes; first moment, fp32 [Adam]
+        t["adam_v"] = P * fp32                   # bytes; second moment, fp32 [Adam]
+    elif optimizer == "sgd_momentum":
+        t["momentum"] = P * fp32                 # bytes; momentum buffer, fp32
+    elif optimizer not in (None, "sgd"):
+        raise ValueError(f"unknown optimizer {optimizer!r}")
+    return t
+
+
+def training_state_bytes(params, optimizer: str | None = "adamw", param_dtype=None,
+                         master_weights: bool = False) -> int:
+    """Total of training_state_terms: 16 B/param for fp32 Adam or fp16 Adam + master."""
+    return sum(training_state_terms(params, optimizer, param_dtype, master_weights).values())
+
+
+# ---------------------------------------------------------- seed activations
+
+SEED_EXAMPLE = dict(n_layer=32, B=4, T=2048, d=4096, bytes_per_value=2)  # [seed] worked example
+SEED_PRINTED_ACTIVATION_BYTES = 64 * 10**9  # [seed] "≈ 64 GB"
+
+
+def seed_activation_bytes_per_layer(B: int, T: int, d: int, bytes_per_value) -> int:
+    """[seed] Memory_layer ≈ 12·B·T·d·bytes (no T² attention term, despite its prose)."""
+    return 12 * B * T * d * bytes_per_value
+
+
+def seed_activation_bytes_total(n_layer: int, B: int, T: int, d: int, bytes_per_value) -> int:
+    """[seed] n_layer × 12·B·T·d·bytes.
+
+    The seed's own example, 32×12×4×2048×4096×2 = 25,769,803,776 bytes
+    ≈ 25.8 GB (exactly 24 GiB), not the "≈ 64 GB" it prints.
+    """
+    return n_layer * seed_activation_bytes_per_layer(B, T, d, bytes_per_value)
+
+
+def seed_activation_example(n_head: int = 32) -> dict[str, int]:
+    """The seed example side by side: printed figure, its formula, and [K22] for context.
+
+    n_head is not given by the seed; 32 heads (head dim 128) is assumed for [K22].
+    """
+    e = SEED_EXAMPLE
+    s, b, h, L = e["T"], e["B"], e["d"], e["n_layer"]
+    return {
+        "seed_printed": SEED_PRINTED_ACTIVATION_BYTES,
+        "seed_formula": seed_activation_bytes_total(L, b, s, h, e["bytes_per_value"]),
+        "korthikanti_none": L * korthikanti_bytes_per_layer(s, b, h, n_head),
+        "korthikanti_selective": L * korthikanti_selective_bytes(s, b, h),
+        "korthikanti_full": L * korthikanti_full_recompute_bytes(s, b, h),
+    }
+
+
+# ------------------------------------------------------ Korthikanti 2022 [K22]
+
+def korthikanti_terms(s: int, b: int, h: int, a: int, bytes_per_value: int = 2,
+                      mask_bytes: int = 1) -> dict[str, int]:
+    """Saved bytes per transformer layer, term by term [K22 sec. 4.1].
+
+    With the defaults (2-byte values, 1-byte dropout masks) these are the
+    paper's numbers; the total is sbh(34 + 5as/h).
+    """
+    v, m, sbh, ass = bytes_per_value, mask_bytes, s * b * h, a * s * s * b
+    t = {}
+    t["attn.qkv_input"] = v * sbh                # bytes; shared input of Q/K/V projections (2sbh)
+    t["attn.q_and_k"] = 2 * v * sbh              # bytes; Q and K for QK^T (4sbh)
+    t["attn.softmax_output"] = v * ass           # bytes; softmax output (2as²b)
+    t["attn.softmax_dropout_mask"] = m * ass     # bytes; attention dropout mask (as²b)
+    t["attn.softmax_dropout_output"] = v * ass   # bytes; dropout output, input of A·V (2as²b)
+    t["attn.v"] = v * sbh                        # bytes; V for A·V (2sbh)
+    t["attn.proj_input"] = v * sbh               # bytes; output-projection input (2sbh)
+    t["attn.dropout_mask"] = m * sbh             # bytes; residual dropout mask (sbh)
+    t["mlp.fc1_input"] = v * sbh                 # bytes; first linear input (2sbh)
+    t["mlp.gelu_input"] = 4 * v * sbh            # bytes; GELU input, 4h wide (8sbh)
+    t["mlp.fc2_input"] = 4 * v * sbh             # bytes; second linear input, 4h wide (8sbh)
+    t["mlp.dropout_mask"] = m * sbh              # bytes; residual dropout mask (sbh)
+    t["layernorms"] = 2 * v * sbh                # bytes; inputs of both LayerNorms (4sbh)
+    return t
+
+
+def korthikanti_bytes_per_layer(s: int, b: int, h: int, a: int, bytes_per_value: int = 2,
+                                mask_bytes: int = 1) -> int:
+    """[K22 Eq. 1] sbh(34 + 5as/h) bytes at the defaults."""
+    return sum(korthikanti_terms(s, b, h, a, bytes_per_value, mask_bytes).values())
+
+
+def korthikanti_selective_bytes(s: int, b: int, h: int, bytes_per_value: int = 2,
+                                mask_bytes: int = 1) -> int:
+    """[K22 Table 2] attention core recomputed: every as²b term dropped, 34sbh at the defaults."""
+    terms = korthikanti_terms(s, b, h, 1, bytes_per_value, mask_bytes)
+    return sum(v for k, v in terms.items() if not k.startswith("attn.softmax"))
+
+
+def korthikanti_full_recompute_bytes(s: int, b: int, h: int, bytes_per_value: int = 2) -> int:
+    """[K22 Table 2] full recompute keeps only the layer input: 2sbh at 2 bytes."""
+    return bytes_per_value * s * b * h
+
+
+# ------------------------------------------------------------ engine [engine]
+
+def engine_activation_terms(shape: GPTShape) -> dict[str, int]:
+    """Bytes our engine saves for backward in one pre-LN nanoGPT block.
+
+    Without dropout the total is 16·E·v + 2·B·T·v + T² + B·H·T²·v (E = B·T·d):
+    [K22]'s 34sbh minus its two sbh dropout masks, plus the LayerNorm 1/std
+    vectors and the bool causal mask. With dropout > 0 it is [K22]'s total
+    plus those same two extras (at v = 2).
+    """
+    B, T, d, H, v = shape.batch, shape.seq_len, shape.d_model, shape.n_head, shape.value_bytes
+    E, BHTT, drop = B * T * d, B * H * T * T, shape.dropout > 0
+    t = {}
+    t["ln_1.xhat"] = E * v                       # bytes; normalised input
+    t["ln_1.rstd"] = B * T * v                   # bytes; 1/std per token
+    t["attn.c_attn.input"] = E * v               # bytes; linear input (ln_1 output)
+    t["attn.qkv"] = 3 * E * v                    # bytes; q, k, v: views of one c_attn output, counted once
+    t["attn.causal_mask"] = T * T                # bytes; bool [T, T]
+    t["attn.softmax_out"] = BHTT * v             # bytes; attention probabilities [B, H, T, T]
+    if drop:
+        t["attn.attn_dropout_mask"] = BHTT       # bytes; bool [B, H, T, T]
+        t["attn.attn_dropout_out"] = BHTT * v    # bytes; dropped probabilities, input of A·V
+    t["attn.c_proj.input"] = E * v               # bytes; merged heads
+    if drop:
+        t["attn.resid_dropout_mask"] = E         # bytes; bool [B, T, d]
+    t["ln_2.xhat"] = E * v                       # bytes; normalised input
+    t["ln_2.rstd"] = B * T * v                   # bytes; 1/std per token
+    t["mlp.c_fc.input"] = E * v                  # bytes; linear input (ln_2 output)
+    t["mlp.gelu.input"] = 4 * E * v              # bytes; GELU input [B, T, 4d]
+    t["mlp.c_proj.input"] = 4 * E * v            # bytes; GELU output [B, T, 4d]
+    if drop:
+        t["mlp.resid_dropout_mask"] = E          # bytes; bool [B, T, d]
+    return t
+
+
+def engine_activation_bytes_per_layer(shape: GPTShape) -> int:
+    return sum(engine_activation_terms(shape).values())
+
+
+# --------------------------------------------------------------- Chen [C16]
+
+def chen_optimal_segments(n: int, input_bytes: float, interior_bytes: float) -> int:
+    """k minimising k·input + (n/k)·interior: round(sqrt(n·interior/input)), in [1, n]."""
+    return max(1, min(n, round(math.sqrt(n * interior_bytes / input_bytes))))
+
+
+def chen_sqrt_peak(n: int, layer_input_bytes: float, layer_interior_bytes: float,
+                   segments: int | None = None) -> float:
+    """[C16 Eq. 1] peak ≈ k·(segment input) + (largest segment)·(layer interior), bytes.
+
+    segments defaults to chen_optimal_segments (= √n when input == interior).
+    The largest of k segments has ceil(n/k) layers (= n/k when k divides n).
+    """
+    k = segments or chen_optimal_segments(n, layer_input_bytes, layer_interior_bytes)
+    stored_inputs = k * layer_input_bytes                       # bytes; one checkpoint per segment
+    live_segment = math.ceil(n / k) * layer_interior_bytes      # bytes; one segment replayed in backward
+    return stored_inputs + live_segment
+
+
+def chen_recompute_flops(n: int, layer_forward_flops: float) -> float:
+    """[C16] recomputation costs one extra forward pass: n·layer_forward_flops."""
+    return n * layer_forward_flops
+
+
+# ------------------------------------------------------------------- FLOPs
+
+def gpt_forward_flops_terms(shape: GPTShape) -> dict[str, int]:
+    """Matmul FLOPs (2·m·n·k) of one block's forward. Elementwise ops (LayerNorm,
+    softmax, GELU, residual adds, dropout) are excluded: O(B·T·d + B·H·T²), negligible."""
+    B, T, d = shape.batch, shape.seq_len, shape.d_model
+    t = {}
+    t["attn.qkv"] = 6 * B * T * d * d            # FLOPs; [BT, d] @ [d, 3d]
+    t["attn.scores"] = 2 * B * T * T * d         # FLOPs; Q·K^T summed over heads: H·2·T·T·(d/H)
+    t["attn.av"] = 2 * B * T * T * d             # FLOPs; A·V summed over heads
+    t["attn.proj"] = 2 * B * T * d * d           # FLOPs; [BT, d] @ [d, d]
+    t["mlp"] = 16 * B * T * d * d                # FLOPs; [BT, d] @ [d, 4d] and [BT, 4d] @ [4d, d]
+    return t
+
+
+def gpt_forward_flops_per_layer(shape: GPTShape) -> int:
+    """24·B·T·d² + 4·B·T²·d."""
+    return sum(gpt_forward_flops_terms(shape).values())
+
+
+def gpt_forward_flops(shape: GPTShape, include_lm_head: bool = True) -> int:
+    head = 2 * shape.batch * shape.seq_len * shape.d_model * shape.vocab_size  # FLOPs; tied lm_head
+    return shape.n_layer * gpt_forward_flops_per_layer(shape) + (head if include_lm_head else 0)
+
+
+def gpt_training_flops(shape: GPTShape, recompute: str = "none") -> int:
+    """≈ 3× forward (backward ≈ 2× forward); 'full' adds one forward of the blocks [C16],
+    'selective' re-runs only the attention core (scores and A·V) [K22]."""
+    fwd = gpt_forward_flops(shape)
+    per_layer = gpt_forward_flops_terms(shape)
+    extra = {
+        "none": 0,
+        "full": shape.n_layer * gpt_forward_flops_per_layer(shape),
+        "selective": shape.n_layer * (per_layer["attn.scores"] + per_layer["attn.av"]),
+    }
+    if recompute not in extra:
+        raise ValueError(f"unknown recompute {recompute!r}")
+    return 3 * fwd + extra[recompute]
+
+
+# ------------------------------------------------------------- seed claims
+
+class SeedClaim(NamedTuple):
+    claim: str
+    seed_value: float
+    formula_value: float
+    verdict: str
+
+
+def seed_claims(n_params: int = 7 * 10**9, gpu_bytes: int = 80 * 10**9) -> list[SeedClaim]:
+    """Each numeric claim in [seed] next to what its own formula or premise gives."""
+    ex = seed_activation_example()
+    act_seed, act = ex["seed_printed"], ex["seed_formula"]
+    params16 = training_state_terms(n_params, None, "float16")["parameters"]
+    adam = training_state_terms(n_params, "adamw", "float16")
+    adam_mv = adam["adam_m"] + adam["adam_v"]
+    idle = (SEED_EXAMPLE["n_layer"] - 1) / SEED_EXAMPLE["n_layer"]
+    total_seed = params16 + adam_mv + act_seed
+    total = sum(adam.values()) + act              # params + grads (fp16) + Adam m, v + activations
+    no_act = params16 + adam_mv
+    gib80 = 80 * 2**30
+
+    def agree(x, y, rel=0.05):
+        return abs(x - y) <= rel * max(abs(x), abs(y))
+
+    return [
+        SeedClaim("activations, 32 layers, B=4, T=2048, d=4096, 2 bytes: 32×12×B×T×d×2",
+                  act_seed, act,
+                  "does not follow: formula gives "
+                  f"{format_bytes(act, True)} ({format_bytes(act)}); printed is {act_seed / act:.2f}×"),
+        SeedClaim("7B parameters at 16-bit ≈ 14 GB", 14 * 10**9, params16,
+                  "follows" if agree(14e9, params16) else "does not follow"),
+        SeedClaim("Adam states (fp32 m and v) for 7B ≈ 56 GB", 56 * 10**9, adam_mv,
+                  f"follows (m, v only; an fp32 master copy adds {format_bytes(4 * n_params, True)})"
+                  if agree(56e9, adam_mv) else "does not follow"),
+        SeedClaim("layer 1 of 32 idle for ≈ 97% of the backward pass", 0.97, idle,
+                  "follows (31/32 = 96.875%)" if agree(0.97, idle, 0.01) else "does not follow"),
+        SeedClaim("7B with Adam does not fit in one 80 GB A100 (seed: 14+56+64 GB; "
+                  "formula: params + fp16 grads + Adam m, v + 12·B·T·d·L activations)",
+                  total_seed, total,
+                  (f"follows: {format_bytes(total, True)} > 80 GB (and > 80 GiB = {gib80:,} B);"
+                   f" params + Adam alone ({format_bytes(no_act, True)}) would fit")
+                  if total > max(gpu_bytes, gib80) else "does not follow"),
+    ]

@@ -1,0 +1,79 @@
+"""Functional API (`from tinygrad_ckpt import functional as F`), in PyTorch's names and layouts."""
+
+from __future__ import annotations
+
+import math
+
+from . import ops
+from .backend import xp
+from .tensor import Tensor
+
+
+def _data(x):
+    return x.data if isinstance(x, Tensor) else x
+
+
+def gelu(x, approximate: str = "none"):
+    """x·Φ(x) (approximate="none", with erf) or its tanh approximation (approximate="tanh")."""
+    return ops.GELU.apply(x, approximate=approximate)
+
+
+def softmax(x, axis: int = -1):
+    return ops.Softmax.apply(x, axis=axis)
+
+
+def log_softmax(x, axis: int = -1):
+    return ops.LogSoftmax.apply(x, axis=axis)
+
+
+def layer_norm(x, weight, bias, eps: float = 1e-5):
+    return ops.LayerNorm.apply(x, weight, bias, eps=eps)
+
+
+def linear(x, weight, bias=None):
+    """x @ weightᵀ + bias, weight of shape [out_features, in_features]."""
+    return ops.Linear.apply(x, weight) if bias is None else ops.Linear.apply(x, weight, bias)
+
+
+def dropout(x, p: float = 0.0, training: bool = True):
+    """Zero each element with probability p and scale the rest by 1/(1-p); identity if p == 0 or eval."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout: p must be in [0, 1), got {p}")
+    if not training or p == 0.0:
+        return x
+    return ops.Dropout.apply(x, p=p)
+
+
+def embedding(ids, weight):
+    """weight[ids]: rows of `weight` ([num_embeddings, dim]) picked by an integer array `ids`."""
+    return ops.Embedding.apply(weight, _data(ids))
+
+
+def cross_entropy(logits, targets, ignore_index: int = -1):
+    """Mean negative log-likelihood of integer `targets` [N] under `logits` [N, C]."""
+    return ops.CrossEntropy.apply(logits, _data(targets), ignore_index=ignore_index)
+
+
+def causal_mask(t_q: int, t_k: int):
+    """Boolean [t_q, t_k] array, True above the diagonal (the future positions to hide)."""
+    return xp().triu(xp().ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
+
+
+def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float = 0.0, training: bool = True):
+    """softmax(q kᵀ/√d + mask) v, built from primitives so the tape shows each piece.
+
+    q, k, v: [B, H, T, head_dim]. The tape keeps q and k (for the scores' backward), the boolean
+    causal mask, the [B, H, T, T] attention weights (softmax output), the dropout mask if any, and v.
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if len(t.shape) != 4:
+            raise ValueError(
+                f"scaled_dot_product_attention: {name} must be [B, H, T, head_dim], got {list(t.shape)}"
+            )
+    scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]
+    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
+    if causal:
+        scores = ops.MaskedFill.apply(scores, causal_mask(q.shape[-2], k.shape[-2]), value=float("-inf"))
+    att = softmax(scores, axis=-1)
+    att = dropout(att, dropout_p, training)
+    return att @ v  # [B, H, T, head_dim]

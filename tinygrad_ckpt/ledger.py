@@ -1,0 +1,507 @@
+"""The memory ledger: one event for every allocation and release of a buffer the engine holds.
+
+    with tg.Ledger() as led:
+        loss = model(x, y)[1]; loss.backward(); opt.step()
+    print(led.summary()); led.peak_bytes("activation"); led.timeline(); led.lifetimes()
+
+What is counted is *buffers*, not tensors: views and tensors sharing memory resolve to the one
+array that owns it (`backend.buffer`) and are counted once. A buffer is "allocated" the first
+time the engine holds it, and "released" when its memory is really freed: a weak-reference
+finalizer on the owning array fires then, never when the engine merely thinks it is done.
+
+Each buffer has one category at a time, the strongest of the roles it plays:
+parameter > optimizer > gradient > activation (saved by the tape) > other (live tensors).
+A forward output starts as "other", becomes "activation" when an op saves it, and returns to
+"other" if the tape lets it go while a tensor still holds it.
+
+The ledger also counts FLOPs per phase ("forward", "backward", "recompute", "optimizer"), records
+one op slice per op for the Chrome trace, and can enforce a capacity like a GPU that cannot grow.
+Nothing here costs anything while no ledger is active: the engine checks `current()` and moves on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import gc
+import json
+import time
+import tracemalloc
+import weakref
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from . import backend
+
+CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
+PHASES = ("forward", "backward", "recompute", "optimizer")
+_PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
+
+_active: Ledger | None = None
+
+
+def current() -> Ledger | None:
+    """The active ledger, or None (then the engine records nothing and pays nothing)."""
+    return _active
+
+
+class OutOfMemoryError(RuntimeError):
+    """An allocation would exceed the ledger's capacity (like a GPU that cannot grow)."""
+
+
+@dataclass(slots=True)
+class Event:
+    seq: int
+    step: int
+    phase: str
+    action: str  # existing | allocated | saved | recomputed | unsaved | released | op
+    nbytes: int
+    category: str
+    name: str  # scoped name of the op (or the tensor) responsible
+    shape: tuple = ()
+    dtype: str = ""
+    buffer: int = -1  # ledger-wide buffer id (stable, never reused)
+    live: int = 0  # total live bytes after this event
+    from_category: str = ""  # for a move between categories (saved / unsaved)
+    flops: int = 0  # FLOPs of this op (action "op")
+    time: float = 0.0  # seconds since the ledger started
+
+
+@dataclass(slots=True)
+class _Buffer:
+    id: int
+    nbytes: int
+    category: str
+    name: str
+    roles: set = field(default_factory=set)  # non-activation roles played
+    saves: int = 0  # how many live tape saves hold it
+    finalizer: object = None
+
+
+@dataclass
+class Lifetime:
+    """One saved buffer: when it was saved, read by backward, and freed; how long it sat idle."""
+
+    name: str
+    nbytes: int
+    shape: tuple
+    dtype: str
+    buffer: int
+    created: int  # step of the first save
+    first_used: int | None = None  # step of the first backward that read it
+    last_used: int | None = None
+    released: int | None = None  # step its memory was freed
+    idle_fraction: float | None = None  # share of its backward pass (in steps) spent before first use
+    idle_fraction_flops: float | None = None  # the same, weighted by backward FLOPs
+
+
+class Ledger:
+    """Records memory events and FLOPs while active (a context manager). See the module docstring."""
+
+    def __init__(self, capacity_bytes: int | None = None, trace_numpy: bool = False):
+        self.capacity_bytes = capacity_bytes
+        self.trace_numpy = trace_numpy  # record tracemalloc's NumPy bytes at every op boundary
+        self.events: list[Event] = []
+        self.ops: list[dict] = []  # one slice per op: name, op, phase, step, t0, t1, flops
+        self.live = dict.fromkeys(CATEGORIES, 0)
+        self.peak = dict.fromkeys(CATEGORIES, 0)
+        self.peak_total = 0
+        self.allocated_total = dict.fromkeys(CATEGORIES, 0)
+        self.freed_total = dict.fromkeys(CATEGORIES, 0)
+        self.flops_by_phase = dict.fromkeys(PHASES, 0)
+        self.step = 0
+        self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
+        self._next_buffer = 0
+        self._phase_stack: list[str] = []
+        self._in_backward = False
+        self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
+        self._t0 = time.perf_counter()
+        self._op_t0 = 0.0
+        self._traced_at_op_start = 0
+        self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
+
+    # ---- activation --------------------------------------------------------------------
+    def __enter__(self) -> Ledger:
+        global _active
+        if _active is not None:
+            raise RuntimeError("a Ledger is already active; nest them by exiting the first one")
+        _active = self
+        self._t0 = time.perf_counter()
+        self._scan_existing()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _active
+        _active = None
+        for buf in self._buffers.values():
+            if buf.finalizer is not None:
+                buf.finalizer.detach()
+
+    def _scan_existing(self) -> None:
+        """Count what the engine already holds when the ledger starts (parameters, grads, states, tapes)."""
+        from .optim import Optimizer
+        from .tape import Tape
+        from .tensor import Tensor
+
+        for obj in gc.get_objects():
+            if isinstance(obj, Tensor):
+                self.track(obj.data, "parameter" if obj.is_parameter else "other", obj.name or "tensor",
+                           action="existing")
+                if obj.grad is not None:
+                    self.track(obj.grad, "gradient", f"{obj.name or 'tensor'}.grad", action="existing")
+            elif isinstance(obj, Optimizer):
+                for state in obj.state.values():
+                    for k, a in state.items():
+                        self.track(a, "optimizer", k, action="existing")
+            elif isinstance(obj, Tape):
+                for entry in obj.entries:
+                    if not entry.released:
+                        self.save(entry.name, entry.ctx.saved, action="existing")
+
+    # ---- phases --------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def phase(self, name: str):
+        """Attribute the ops inside to a phase ("recompute", "optimizer")."""
+        self._phase_stack.append(name)
+        try:
+            yield
+        finally:
+            self._phase_stack.pop()
+
+    @property
+    def current_phase(self) -> str:
+        if self._phase_stack:
+            return self._phase_stack[-1]
+        return "backward" if self._in_backward else "forward"
+
+    # ---- recording -----------------------------------------------------------------------
+    def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
+        ev = Event(len(self.events), self.step, self.current_phase, action, nbytes, category, name,
+                   tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", "")),
+                   buf.id if buf is not None else -1, sum(self.live.values()), from_category, flops,
+                   time.perf_counter() - self._t0)
+        self.events.append(ev)
+        return ev
+
+    def _add(self, category: str, nbytes: int) -> None:
+        self.live[category] += nbytes
+        if self.live[category] > self.peak[category]:
+            self.peak[category] = self.live[category]
+        total = sum(self.live.values())
+        if total > self.peak_total:
+            self.peak_total = total
+
+    def _move(self, buf: _Buffer, category: str) -> str:
+        old = buf.category
+        if old != category:
+            self.live[old] -= buf.nbytes
+            self.freed_total[old] += buf.nbytes
+            self.allocated_total[category] += buf.nbytes
+            buf.category = category
+            self._add(category, buf.nbytes)
+        return old
+
+    def _category_of(self, buf: _Buffer) -> str:
+        roles = set(buf.roles)
+        if buf.saves:
+            roles.add("activation")
+        return min(roles, key=_PRIORITY.__getitem__) if roles else "other"
+
+    def track(self, a, role: str, name: str, action: str = "allocated") -> _Buffer | None:
+        """Note that the engine holds array `a` in `role`; a new buffer is an allocation."""
+        be = backend.current()
+        if not be.is_array(a):
+            return None
+        owner, nbytes = be.buffer(a)
+        key = id(owner)
+        buf = self._buffers.get(key)
+        if buf is None:
+            buf = _Buffer(self._next_buffer, int(nbytes), role, name)
+            if role != "activation":
+                buf.roles.add(role)
+            self._next_buffer += 1
+            self._buffers[key] = buf
+            buf.finalizer = weakref.finalize(owner, self._on_free, key)
+            self.allocated_total[role] += buf.nbytes
+            self._add(role, buf.nbytes)
+            self._emit(action, buf.nbytes, role, name, a, buf)
+        elif role != "activation" and role not in buf.roles:
+            buf.roles.add(role)
+            old = self._move(buf, self._category_of(buf))
+            if old != buf.category:
+                self._emit("retagged", buf.nbytes, buf.category, name, a, buf, from_category=old)
+        return buf
+
+    def _on_free(self, key: int) -> None:
+        buf = self._buffers.pop(key, None)
+        if buf is None:
+            return
+        self.live[buf.category] -= buf.nbytes
+        self.freed_total[buf.category] += buf.nbytes
+        self._emit("released", buf.nbytes, buf.category, buf.name, None, buf)
+        life = self._lifetimes.get(buf.id)
+        if life is not None:
+            life.released = self.step
+
+    def save(self, name: str, saved: dict, action: str = "saved") -> None:
+        """The tape now holds these arrays for backward (an op's ctx.save)."""
+        if action == "saved" and self.current_phase == "recompute":
+            action = "recomputed"
+        for key, a in saved.items():
+            buf = self.track(a, "activation", f"{name}:{key}", "existing" if action == "existing" else "allocated")
+            if buf is None:
+                continue
+            buf.saves += 1
+            old = self._move(buf, self._category_of(buf))
+            self._emit(action, buf.nbytes, buf.category, f"{name}:{key}", a, buf, from_category=old)
+            if buf.id not in self._lifetimes and buf.category == "activation":
+                self._lifetimes[buf.id] = Lifetime(f"{name}:{key}", buf.nbytes, tuple(a.shape), str(a.dtype),
+                                                   buf.id, self.step)
+
+    def unsave(self, name: str, saved: dict) -> None:
+        """The tape let go of these arrays (the entry's backward ran, or the tape was dropped)."""
+        be = backend.current()
+        for key, a in saved.items():
+            if not be.is_array(a):
+                continue
+            buf = self._buffers.get(id(be.buffer(a)[0]))
+            if buf is None:
+                continue
+            buf.saves -= 1
+            old = self._move(buf, self._category_of(buf))
+            self._emit("unsaved", buf.nbytes, buf.category, f"{name}:{key}", a, buf, from_category=old)
+
+    # ---- hooks called by the engine ------------------------------------------------------
+    def begin_forward(self) -> None:
+        self._op_t0 = time.perf_counter()
+        if self.trace_numpy and tracemalloc.is_tracing():
+            tracemalloc.reset_peak()
+            self._traced_at_op_start = tracemalloc.get_traced_memory()[0]
+
+    def forward_op(self, kind: str, name: str, ctx, outputs) -> None:
+        """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
+        if not self._phase_stack:
+            self._in_backward = False
+        phase = self.current_phase
+        transient = 0
+        if self.trace_numpy and tracemalloc.is_tracing():
+            transient = tracemalloc.get_traced_memory()[1] - self._traced_at_op_start
+        for out in outputs:
+            self.track(out, "other", name)
+        self.save(name, ctx.saved)
+        self.step += 1
+        self.flops_by_phase[phase] += ctx.flops[0]
+        self._emit("op", 0, "", name, flops=ctx.flops[0])
+        self.ops.append({"name": name, "op": kind, "phase": phase, "step": self.step,
+                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0,
+                         "flops": ctx.flops[0]})
+        if self.trace_numpy and tracemalloc.is_tracing():
+            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
+        self._check_capacity(name)
+
+    def begin_backward(self, entry) -> None:
+        self._in_backward = True
+        self._op_t0 = time.perf_counter()
+        be = backend.current()
+        for a in entry.ctx.saved.values():
+            if be.is_array(a):
+                buf = self._buffers.get(id(be.buffer(a)[0]))
+                life = self._lifetimes.get(buf.id) if buf is not None else None
+                if life is not None:
+                    if life.first_used is None:
+                        life.first_used = self.step
+                    life.last_used = self.step
+
+    def end_backward(self, entry, grad_ins) -> None:
+        for g in grad_ins:
+            if g is not None:
+                self.track(g, "gradient", f"{entry.name}.grad")
+        self.step += 1
+        self.flops_by_phase["backward"] += entry.ctx.flops[1]
+        self._emit("op", 0, "", entry.name, flops=entry.ctx.flops[1])
+        self.ops.append({"name": entry.name, "op": entry.op, "phase": "backward", "step": self.step,
+                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0,
+                         "flops": entry.ctx.flops[1]})
+        if self.trace_numpy and tracemalloc.is_tracing():
+            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), 0))
+        self._check_capacity(entry.name)
+
+    def _check_capacity(self, name: str) -> None:
+        total = sum(self.live.values())
+        if self.capacity_bytes is None or total <= self.capacity_bytes:
+            return
+        from .tape import STATE
+
+        tape = STATE.tape_ref() if STATE.tape_ref is not None else None
+        request = self.events[-2].nbytes if len(self.events) > 1 else 0
+        holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
+        by_cat = ", ".join(f"{c} {_fmt(self.live[c])}" for c in CATEGORIES if self.live[c])
+        biggest = "; ".join(f"{b.name} ({b.category}, {_fmt(b.nbytes)})" for b in holders)
+        if tape is not None and not self._in_backward:
+            tape.release()  # the half-finished forward is dropped: nothing half-recorded stays
+        raise OutOfMemoryError(
+            f"out of memory in '{name}' ({self.current_phase}): the engine would hold {_fmt(total)} "
+            f"(last allocation {_fmt(request)}) but the capacity is {_fmt(self.capacity_bytes)}. "
+            f"Live by category: {by_cat}. Largest holders: {biggest}. "
+            "Try activation checkpointing (tg.checkpoint / GPT(checkpoint='sqrt')), a smaller batch or "
+            "sequence, or a larger capacity."
+        )
+
+    # ---- queries ---------------------------------------------------------------------------
+    def live_bytes(self, category: str | None = None) -> int:
+        return sum(self.live.values()) if category is None else self.live[category]
+
+    def peak_bytes(self, category: str | None = None) -> int:
+        """Highest live bytes seen, over all categories together or for one category."""
+        return self.peak_total if category is None else self.peak[category]
+
+    def flops(self, phase: str | None = None) -> int:
+        """FLOPs recorded: all phases, or one of "forward", "backward", "recompute", "optimizer"."""
+        return sum(self.flops_by_phase.values()) if phase is None else self.flops_by_phase[phase]
+
+    def timeline(self) -> dict:
+        """Equal-length NumPy arrays, one entry per event: seq, step, cumulative flops, phase, the
+        live bytes of each category after the event, and their total."""
+        n = len(self.events)
+        out = {k: np.zeros(n, dtype=np.int64) for k in ("seq", "step", "flops", "total", *CATEGORIES)}
+        out["phase"] = np.empty(n, dtype=object)
+        out["time"] = np.zeros(n)
+        live = dict.fromkeys(CATEGORIES, 0)
+        flops = 0
+        for i, ev in enumerate(self.events):
+            if ev.action in ("existing", "allocated"):
+                live[ev.category] += ev.nbytes
+            elif ev.action == "released":
+                live[ev.category] -= ev.nbytes
+            elif ev.from_category and ev.from_category != ev.category:
+                live[ev.from_category] -= ev.nbytes
+                live[ev.category] += ev.nbytes
+            flops += ev.flops
+            out["seq"][i], out["step"][i], out["flops"][i] = ev.seq, ev.step, flops
+            out["phase"][i], out["time"][i] = ev.phase, ev.time
+            for c in CATEGORIES:
+                out[c][i] = live[c]
+            out["total"][i] = sum(live.values())
+        return out
+
+    def backward_passes(self) -> list[tuple[int, int]]:
+        """(first step, last step) of each run of backward/recompute ops."""
+        runs, start, last = [], None, None
+        for op in self.ops:
+            if op["phase"] in ("backward", "recompute"):
+                if start is None:
+                    start = op["step"]
+                last = op["step"]
+            elif start is not None:
+                runs.append((start, last))
+                start = None
+        if start is not None:
+            runs.append((start, last))
+        return runs
+
+    def lifetimes(self) -> list[Lifetime]:
+        """Every buffer the tape saved: created, first/last used by backward, released, idle fraction."""
+        runs = self.backward_passes()
+        bw_flops = {op["step"]: op["flops"] for op in self.ops if op["phase"] == "backward"}
+        for life in self._lifetimes.values():
+            if life.first_used is None:
+                continue
+            for start, end in runs:
+                if start - 1 <= life.first_used <= end:
+                    span = end - start + 1
+                    life.idle_fraction = (life.first_used - (start - 1)) / span
+                    done = sum(f for s, f in bw_flops.items() if start <= s <= life.first_used)
+                    total = sum(f for s, f in bw_flops.items() if start <= s <= end)
+                    life.idle_fraction_flops = done / total if total else None
+                    break
+        return list(self._lifetimes.values())
+
+    def saved_breakdown(self, by: str = "module", depth: int | None = None) -> dict:
+        """Bytes saved for backward, each buffer counted once (under its first saver).
+
+        by="op": per op kind; by="module": per scoped module name (e.g. "h.3.mlp"; cut to `depth`
+        dot-separated parts if given, "h.3" for depth=2); by="name": per saved array.
+        """
+        out: dict[str, int] = {}
+        for life in self._lifetimes.values():
+            op_name = life.name.split(":")[0]
+            if by == "name":
+                key = life.name
+            elif by == "op":
+                key = op_name.rsplit(".", 1)[-1]
+            else:
+                parts = op_name.split(".")[:-1] or ["(top)"]
+                key = ".".join(parts[:depth] if depth else parts)
+            out[key] = out.get(key, 0) + life.nbytes
+        return out
+
+    def summary(self) -> str:
+        """A fixed-width table: current / peak / allocated / freed bytes per category, and FLOPs.
+
+        A buffer moving between categories (an output saved by the tape) leaves one and enters the
+        other: it counts as freed there and allocated here. The total row counts real memory only.
+        """
+        rows = [f"{'category':<12}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
+        rows.append("-" * len(rows[0]))
+        for c in CATEGORIES:
+            rows.append(f"{c:<12}{_fmt(self.live[c]):>14}{_fmt(self.peak[c]):>14}"
+                        f"{_fmt(self.allocated_total[c]):>14}{_fmt(self.freed_total[c]):>14}")
+        rows.append("-" * len(rows[0]))
+        real_alloc = sum(e.nbytes for e in self.events if e.action in ("existing", "allocated"))
+        real_freed = sum(e.nbytes for e in self.events if e.action == "released")
+        rows.append(f"{'total':<12}{_fmt(self.live_bytes()):>14}{_fmt(self.peak_total):>14}"
+                    f"{_fmt(real_alloc):>14}{_fmt(real_freed):>14}")
+        rows.append("")
+        rows.append("FLOPs  " + "  ".join(f"{p} {self.flops_by_phase[p]:.3e}" for p in PHASES))
+        rows.append(f"events {len(self.events)}  ops {len(self.ops)}  steps {self.step}")
+        return "\n".join(rows)
+
+    # ---- exports ---------------------------------------------------------------------------
+    def to_chrome_trace(self, path=None) -> dict:
+        """Chrome trace / Perfetto JSON: op slices ("X") and one counter track ("C") per category.
+        Timestamps in microseconds since the ledger started."""
+        trace = [{"ph": "M", "pid": 1, "tid": 1, "name": "process_name", "args": {"name": "tinygrad_ckpt"}}]
+        for op in self.ops:
+            trace.append({"ph": "X", "pid": 1, "tid": 1, "name": op["name"], "cat": op["phase"],
+                          "ts": op["t0"] * 1e6, "dur": max((op["t1"] - op["t0"]) * 1e6, 0.001),
+                          "args": {"op": op["op"], "flops": op["flops"], "step": op["step"]}})
+        tl = self.timeline()
+        for i, ev in enumerate(self.events):
+            if ev.action != "op":
+                trace.append({"ph": "C", "pid": 1, "tid": 1, "name": "memory", "ts": ev.time * 1e6,
+                              "args": {c: int(tl[c][i]) for c in CATEGORIES}})
+        doc = {"traceEvents": trace, "displayTimeUnit": "ms"}
+        if path is not None:
+            with open(path, "w") as f:
+                json.dump(doc, f)
+        return doc
+
+    def to_csv(self, path) -> None:
+        names = list(Event.__slots__)
+        with open(path, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(names)
+            for ev in self.events:
+                writer.writerow([getattr(ev, k) for k in names])
+
+    def to_jsonl(self, path) -> None:
+        with open(path, "w") as f:
+            for ev in self.events:
+                f.write(json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(ev).items()}))
+                f.write("\n")
+
+
+def numpy_traced_bytes() -> int:
+    """Bytes of NumPy array data alive now, as tracemalloc sees them (NumPy reports to its own domain)."""
+    snapshot = tracemalloc.take_snapshot()
+    domain = np.lib.tracemalloc_domain
+    return sum(t.size for t in snapshot.traces if t.domain == domain)
+
+
+def _fmt(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)

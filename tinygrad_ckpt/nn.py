@@ -1,0 +1,320 @@
+"""Modules shaped like nanoGPT's, with the same parameter names and layouts.
+
+Calling a module opens a name scope, so the ops it records are named after where they run:
+`h.3.mlp.gelu` is the GELU inside block 3's MLP. A nanoGPT `state_dict` converted to NumPy
+(`{k: v.numpy() for k, v in sd.items()}`) loads as it is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from . import backend
+from . import functional as F
+from .tape import name_scope
+from .tensor import Parameter, Tensor
+
+
+def _normal(shape, std: float, dtype) -> object:
+    return (backend.next_generator().standard_normal(shape, dtype=np.float32) * std).astype(dtype)
+
+
+class Module:
+    """Base class: children and parameters registered by attribute assignment, named by path."""
+
+    _transparent_scope = False  # containers whose name is left out of op names (GPT.transformer)
+    _container = False  # ModuleList: never called itself, so its children carry its name ("h.3")
+
+    def __init__(self):
+        object.__setattr__(self, "_modules", {})
+        object.__setattr__(self, "_parameters", {})
+        object.__setattr__(self, "_name", "")
+        object.__setattr__(self, "training", True)
+
+    def __setattr__(self, key, value):
+        if isinstance(value, Parameter):
+            self._parameters[key] = value
+            if value.name is None:
+                value.name = key
+        elif isinstance(value, Module):
+            self._modules[key] = value
+            object.__setattr__(value, "_name", key)
+            if value._container:
+                for child_key, child in value._modules.items():
+                    object.__setattr__(child, "_name", f"{key}.{child_key}")
+        object.__setattr__(self, key, value)
+
+    def __call__(self, *args, **kwargs):
+        scope = "" if self._transparent_scope else self._name
+        with name_scope(scope):
+            return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def named_modules(self, prefix: str = ""):
+        yield prefix, self
+        for name, child in self._modules.items():
+            yield from child.named_modules(f"{prefix}.{name}" if prefix else name)
+
+    def _named_parameters_all(self):
+        for path, module in self.named_modules():
+            for name, p in module._parameters.items():
+                yield (f"{path}.{name}" if path else name), p
+
+    def named_parameters(self):
+        """(name, parameter) pairs; a parameter shared under two names (tied weights) appears once."""
+        seen = set()
+        for name, p in self._named_parameters_all():
+            if id(p) not in seen:
+                seen.add(id(p))
+                yield name, p
+
+    def parameters(self) -> list[Parameter]:
+        return [p for _, p in self.named_parameters()]
+
+    def num_parameters(self) -> int:
+        return sum(p.size for p in self.parameters())
+
+    def state_dict(self) -> dict:
+        """{name: NumPy array} for every parameter name (tied weights under both names, as PyTorch)."""
+        return {name: p.numpy().copy() for name, p in self._named_parameters_all()}
+
+    def load_state_dict(self, state: dict, strict: bool = True) -> None:
+        """Copy arrays into the parameters with matching names and shapes.
+
+        nanoGPT's causal-mask buffers (`*.attn.bias`, present when it runs without flash attention)
+        are not parameters here and are skipped.
+        """
+        own = dict(self._named_parameters_all())
+        state = {k: v for k, v in state.items() if not (k.endswith("attn.bias") and k not in own)}
+        missing = sorted(set(own) - set(state))
+        unexpected = sorted(set(state) - set(own))
+        if strict and (missing or unexpected):
+            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        for name, value in state.items():
+            if name not in own:
+                continue
+            p = own[name]
+            value = np.asarray(value)
+            if tuple(value.shape) != p.shape:
+                raise ValueError(
+                    f"load_state_dict: '{name}' has shape {list(value.shape)} but the parameter is {list(p.shape)}"
+                )
+            p.data[...] = backend.current().asarray(value, dtype=p.dtype)
+
+    def to(self, dtype) -> Module:
+        """Convert every parameter to `dtype` (e.g. np.float64 for gradient checks)."""
+        for p in self.parameters():
+            p.data = p.data.astype(dtype)
+        return self
+
+    def train(self, mode: bool = True) -> Module:
+        for _, m in self.named_modules():
+            object.__setattr__(m, "training", mode)
+        return self
+
+    def eval(self) -> Module:
+        return self.train(False)
+
+    def zero_grad(self) -> None:
+        for p in self.parameters():
+            p.grad = None
+
+    def __repr__(self) -> str:
+        lines = [f"{type(self).__name__}({self.extra_repr()}"]
+        for name, child in self._modules.items():
+            lines.append("  " + f"({name}): {child!r}".replace("\n", "\n  "))
+        return lines[0] + ")" if len(lines) == 1 else "\n".join(lines) + "\n)"
+
+    def extra_repr(self) -> str:
+        return ""
+
+
+class ModuleList(Module):
+    _container = True
+
+    def __init__(self, modules=()):
+        super().__init__()
+        for i, m in enumerate(modules):
+            setattr(self, str(i), m)
+
+    def __getitem__(self, i):
+        items = list(self._modules.values())
+        return ModuleList(items[i]) if isinstance(i, slice) else items[i]
+
+    def __iter__(self):
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+
+class ModuleDict(Module):
+    def __init__(self, transparent_scope: bool = False, **modules):
+        super().__init__()
+        object.__setattr__(self, "_transparent_scope", transparent_scope)
+        for k, m in modules.items():
+            setattr(self, k, m)
+
+
+class Linear(Module):
+    """y = x Wᵀ + b, W: [out_features, in_features] ~ N(0, std²), b = 0."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, std: float = 0.02,
+                 dtype=np.float32):
+        super().__init__()
+        self.weight = Parameter(_normal((out_features, in_features), std, dtype), name="weight")
+        self.bias = Parameter(backend.xp().zeros(out_features, dtype=dtype), name="bias") if bias else None
+
+    def forward(self, x):
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        out_f, in_f = self.weight.shape
+        return f"{in_f} -> {out_f}, bias={self.bias is not None}"
+
+
+class LayerNorm(Module):
+    def __init__(self, dim: int, eps: float = 1e-5, dtype=np.float32):
+        super().__init__()
+        self.weight = Parameter(backend.xp().ones(dim, dtype=dtype), name="weight")
+        self.bias = Parameter(backend.xp().zeros(dim, dtype=dtype), name="bias")
+        self.eps = eps
+
+    def forward(self, x):
+        return F.layer_norm(x, self.weight, self.bias, self.eps)
+
+    def extra_repr(self) -> str:
+        return str(self.weight.shape[0])
+
+
+class Embedding(Module):
+    def __init__(self, num_embeddings: int, dim: int, std: float = 0.02, dtype=np.float32):
+        super().__init__()
+        self.weight = Parameter(_normal((num_embeddings, dim), std, dtype), name="weight")
+
+    def forward(self, ids):
+        return F.embedding(ids, self.weight)
+
+    def extra_repr(self) -> str:
+        return f"{self.weight.shape[0]}, {self.weight.shape[1]}"
+
+
+class Dropout(Module):
+    def __init__(self, p: float = 0.0):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        return F.dropout(x, self.p, self.training)
+
+    def extra_repr(self) -> str:
+        return f"p={self.p}"
+
+
+class CausalSelfAttention(Module):
+    """Multi-head causal self-attention with the fused q,k,v projection `c_attn` ([3d, d])."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by n_heads={n_heads}")
+        self.c_attn = Linear(d_model, 3 * d_model)
+        self.c_proj = Linear(d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
+        self.attn_dropout = Dropout(dropout)
+        self.resid_dropout = Dropout(dropout)
+        self.n_heads, self.d_model, self.dropout = n_heads, d_model, dropout
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.n_heads
+        qkv = self.c_attn(x)  # [B, T, 3C]
+        q, k, v = qkv[:, :, :C], qkv[:, :, C:2 * C], qkv[:, :, 2 * C:]  # views, [B, T, C] each
+        q = q.reshape(B, T, H, C // H).transpose(1, 2)  # [B, H, T, hd]
+        k = k.reshape(B, T, H, C // H).transpose(1, 2)
+        v = v.reshape(B, T, H, C // H).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training)
+        y = y.transpose(1, 2).reshape(B, T, C)  # [B, T, C] (a copy: the transpose is not contiguous)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(Module):
+    def __init__(self, d_model: int, dropout: float = 0.0, n_layer: int = 1, approximate: str = "none"):
+        super().__init__()
+        self.c_fc = Linear(d_model, 4 * d_model)
+        self.c_proj = Linear(4 * d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
+        self.dropout = Dropout(dropout)
+        self.approximate = approximate
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
+
+
+class Block(Module):
+    """Pre-LayerNorm GPT-2 block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
+
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1):
+        super().__init__()
+        self.ln_1 = LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, n_layer)
+        self.ln_2 = LayerNorm(d_model)
+        self.mlp = MLP(d_model, dropout, n_layer)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(Module):
+    """nanoGPT: token + position embeddings, n_layer blocks, final LayerNorm, lm_head tied to wte.
+
+    `gpt(idx, targets)` -> (logits, loss). idx, targets: integer arrays [B, T]. With targets the
+    logits cover every position; without, only the last one (as nanoGPT). `checkpoint` chooses
+    activation checkpointing of the blocks: None, "every_layer", "sqrt", an int (that many
+    segments), a policy (selective recomputation inside every block) or a planner Plan.
+    """
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
+                 dropout: float = 0.0, checkpoint=None):
+        super().__init__()
+        self.transformer = ModuleDict(
+            transparent_scope=True,
+            wte=Embedding(vocab_size, d_model),
+            wpe=Embedding(block_size, d_model),
+            drop=Dropout(dropout),
+            h=ModuleList([Block(d_model, n_head, dropout, n_layer) for _ in range(n_layer)]),
+            ln_f=LayerNorm(d_model),
+        )
+        self.lm_head = Linear(d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
+        self.vocab_size, self.block_size, self.checkpoint = vocab_size, block_size, checkpoint
+
+    def forward(self, idx, targets=None):
+        idx = idx.data if isinstance(idx, Tensor) else idx
+        B, T = idx.shape
+        if T > self.block_size:
+            raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
+        tr = self.transformer
+        pos = backend.xp().arange(T)
+        x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # [B, T, d]
+        x = self.run_blocks(x)
+        x = tr.ln_f(x)
+        if targets is None:
+            return self.lm_head(x[:, T - 1:, :]), None
+        logits = self.lm_head(x)  # [B, T, vocab]
+        targets = targets.data if isinstance(targets, Tensor) else targets
+        loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
+        return logits, loss
+
+    def run_blocks(self, x):
+        """Run the blocks, checkpointed as `self.checkpoint` says."""
+        if self.checkpoint is None:
+            for block in self.transformer.h:
+                x = block(x)
+            return x
+        from .checkpoint import run_checkpointed
+
+        return run_checkpointed(list(self.transformer.h), x, self.checkpoint)

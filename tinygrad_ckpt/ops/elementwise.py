@@ -1,0 +1,180 @@
+"""Elementwise ops. Binary ops broadcast like NumPy; their backward sums gradients back down.
+
+What each saves is only what its derivative reads, and only for inputs that need a gradient:
+`a * b` keeps b to get dL/da and a to get dL/db; `exp` keeps its output, `log` its input.
+"""
+
+from __future__ import annotations
+
+from ..backend import xp
+from ..function import Function
+from ._util import broadcast_shape, numel, unbroadcast
+
+
+class Add(Function):
+    """out = a + b. Saves nothing (the derivative is 1)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        shape = broadcast_shape("add", a.shape, b.shape)
+        ctx.shapes = (a.shape, b.shape)
+        ctx.flops = (numel(shape), 0)
+        return a + b
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a_shape, b_shape = ctx.shapes
+        return unbroadcast(grad_out, a_shape), unbroadcast(grad_out, b_shape)
+
+
+class Sub(Function):
+    """out = a - b. Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        shape = broadcast_shape("sub", a.shape, b.shape)
+        ctx.shapes = (a.shape, b.shape)
+        ctx.flops = (numel(shape), numel(shape))
+        return a - b
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a_shape, b_shape = ctx.shapes
+        gb = unbroadcast(-grad_out, b_shape) if ctx.needs_input_grad[1] else None
+        return unbroadcast(grad_out, a_shape), gb
+
+
+class Mul(Function):
+    """out = a * b. Saves b if a needs a gradient (dL/da = g·b) and a if b does (dL/db = g·a)."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        shape = broadcast_shape("mul", a.shape, b.shape)
+        ctx.shapes = (a.shape, b.shape)
+        if ctx.needs_input_grad[0]:
+            ctx.save(b=b)
+        if ctx.needs_input_grad[1]:
+            ctx.save(a=a)
+        ctx.flops = (numel(shape), numel(shape) * sum(ctx.needs_input_grad))
+        return a * b
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a_shape, b_shape = ctx.shapes
+        ga = unbroadcast(grad_out * ctx.saved["b"], a_shape) if ctx.needs_input_grad[0] else None
+        gb = unbroadcast(grad_out * ctx.saved["a"], b_shape) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+class Div(Function):
+    """out = a / b. dL/da = g/b, dL/db = -g·out/b. Saves b, and out when b needs a gradient."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        shape = broadcast_shape("div", a.shape, b.shape)
+        ctx.shapes = (a.shape, b.shape)
+        out = a / b
+        ctx.save(b=b)
+        if ctx.needs_input_grad[1]:
+            ctx.save(out=out)
+        ctx.flops = (numel(shape), 3 * numel(shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        a_shape, b_shape = ctx.shapes
+        b = ctx.saved["b"]
+        ga = unbroadcast(grad_out / b, a_shape) if ctx.needs_input_grad[0] else None
+        gb = unbroadcast(-grad_out * ctx.saved["out"] / b, b_shape) if ctx.needs_input_grad[1] else None
+        return ga, gb
+
+
+class Neg(Function):
+    """out = -x. Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return -x
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return -grad_out
+
+
+class Pow(Function):
+    """out = x ** p for a constant p. dL/dx = g·p·x^(p-1): saves x."""
+
+    @staticmethod
+    def forward(ctx, x, exponent: float):
+        ctx.exponent = exponent
+        ctx.save(x=x)
+        ctx.flops = (numel(x.shape), 3 * numel(x.shape))
+        return x**exponent
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, p = ctx.saved["x"], ctx.exponent
+        return grad_out * (p * x ** (p - 1))
+
+
+class Exp(Function):
+    """out = e^x. Saves its output: d/dx e^x = e^x, so nothing else is needed."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = xp().exp(x)
+        ctx.save(out=out)
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out * ctx.saved["out"]
+
+
+class Log(Function):
+    """out = ln x. Saves x: d/dx ln x = 1/x."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save(x=x)
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return xp().log(x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out / ctx.saved["x"]
+
+
+class Tanh(Function):
+    """out = tanh x. Saves its output: d/dx tanh x = 1 - tanh² x."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = xp().tanh(x)
+        ctx.save(out=out)
+        ctx.flops = (numel(x.shape), 3 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out = ctx.saved["out"]
+        return grad_out * (1 - out * out)
+
+
+class MaskedFill(Function):
+    """out = value where mask else x (e.g. -inf above the diagonal). Saves the boolean mask."""
+
+    op = "masked_fill"
+
+    @staticmethod
+    def forward(ctx, x, mask, value: float):
+        broadcast_shape("masked_fill", x.shape, mask.shape)
+        ctx.save(mask=mask)
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return xp().where(mask, xp().asarray(value, dtype=x.dtype), x)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return xp().where(ctx.saved["mask"], xp().zeros((), dtype=grad_out.dtype), grad_out), None

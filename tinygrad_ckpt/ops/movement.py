@@ -1,0 +1,109 @@
+"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, embedding lookup.
+
+Most return views of their input, which the ledger counts once with the input's buffer. None of
+them saves an array, except indexing with an integer array (it keeps the indices).
+"""
+
+from __future__ import annotations
+
+from ..backend import xp
+from ..function import Function
+from ._util import numel
+
+
+class Reshape(Function):
+    """out = x viewed with a new shape (a copy only if x is not contiguous). Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        shape = tuple(shape)
+        known = numel([n for n in shape if n != -1])
+        if shape.count(-1) > 1 or (-1 not in shape and known != numel(x.shape)) or (
+            -1 in shape and (known == 0 or numel(x.shape) % known)
+        ):
+            raise ValueError(
+                f"reshape: cannot view an input of shape {list(x.shape)} ({numel(x.shape)} elements) "
+                f"as {list(shape)}; the element counts must match (at most one -1)."
+            )
+        ctx.in_shape = x.shape
+        return x.reshape(shape)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out.reshape(ctx.in_shape)
+
+
+class Permute(Function):
+    """out = x with its axes reordered (a view). Saves nothing; backward applies the inverse order."""
+
+    @staticmethod
+    def forward(ctx, x, axes):
+        axes = tuple(a % len(x.shape) for a in axes)
+        if sorted(axes) != list(range(len(x.shape))):
+            raise ValueError(f"permute: {list(axes)} is not a permutation of the {len(x.shape)} axes of {list(x.shape)}")
+        ctx.inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))
+        return x.transpose(axes)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out.transpose(ctx.inverse)
+
+
+class Swapaxes(Function):
+    """out = x with two axes exchanged (a view). Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x, axis1, axis2):
+        ctx.axes = (axis1, axis2)
+        return x.swapaxes(axis1, axis2)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out.swapaxes(*ctx.axes)
+
+
+def _is_basic(index) -> bool:
+    parts = index if isinstance(index, tuple) else (index,)
+    return all(isinstance(p, (int, slice)) or p is None or p is Ellipsis for p in parts)
+
+
+class GetItem(Function):
+    """out = x[index]. Basic slicing gives a view; the gradient is scattered back (summed on repeats)."""
+
+    op = "getitem"
+
+    @staticmethod
+    def forward(ctx, x, index):
+        ctx.in_shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
+        if not _is_basic(index):
+            ctx.save(index=index)  # integer/boolean arrays: kept, since backward scatters through them
+        return x[index]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad = xp().zeros(ctx.in_shape, dtype=grad_out.dtype)
+        if "index" in ctx.saved:
+            xp().add.at(grad, ctx.saved["index"], grad_out)
+        else:
+            grad[ctx.index] = grad_out
+        return grad
+
+
+class Embedding(Function):
+    """out[..., :] = weight[ids[...], :]. Saves the ids; dL/dweight scatters g into their rows."""
+
+    @staticmethod
+    def forward(ctx, weight, ids):
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"embedding: ids must be an integer array, got dtype {ids.dtype}")
+        ctx.weight_shape = weight.shape
+        ctx.save(ids=ids)
+        ctx.flops = (0, numel(ids.shape) * weight.shape[1])
+        return weight[ids]
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ids = ctx.saved["ids"]
+        grad = xp().zeros(ctx.weight_shape, dtype=grad_out.dtype)
+        xp().add.at(grad, ids.reshape(-1), grad_out.reshape(-1, ctx.weight_shape[1]))
+        return grad, None

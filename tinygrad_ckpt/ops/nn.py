@@ -1,0 +1,190 @@
+"""The transformer's non-linear ops, each with a hand-written backward and a deliberate choice of
+what to save. These choices are the activation memory the lessons measure."""
+
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..backend import xp
+from ..function import Function
+from ._util import numel
+
+_SQRT_HALF = 1 / math.sqrt(2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+_TANH_C = math.sqrt(2 / math.pi)
+
+
+class GELU(Function):
+    """Exact GELU: out = x·Φ(x), Φ(x) = ½(1 + erf(x/√2)); tanh form: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
+
+    Saves its input x: the derivative Φ(x) + x·φ(x) needs x, and x cannot be recovered from
+    gelu(x) (gelu is not one-to-one for x < 0).
+    """
+
+    @staticmethod
+    def forward(ctx, x, approximate="none"):
+        if approximate not in ("none", "tanh"):
+            raise ValueError(f"gelu: approximate must be 'none' (erf) or 'tanh', got {approximate!r}")
+        ctx.approximate = approximate
+        ctx.save(x=x)
+        ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
+        if approximate == "tanh":
+            inner = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
+            return 0.5 * x * (1 + inner)
+        cdf = backend.current().erf(x * _SQRT_HALF)
+        cdf += 1
+        cdf *= 0.5 * x
+        return cdf
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x = ctx.saved["x"]
+        if ctx.approximate == "tanh":
+            t = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
+            d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
+        else:
+            cdf = 0.5 * (1 + backend.current().erf(x * _SQRT_HALF))
+            d = cdf + x * (_INV_SQRT_2PI * xp().exp(-0.5 * x * x))
+        return grad_out * d.astype(grad_out.dtype, copy=False)
+
+
+class Softmax(Function):
+    """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y)."""
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        ctx.axis = axis
+        e = xp().exp(x - x.max(axis=axis, keepdims=True))
+        e /= e.sum(axis=axis, keepdims=True)
+        ctx.save(out=e)
+        ctx.flops = (4 * numel(x.shape), 4 * numel(x.shape))
+        return e
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        y = ctx.saved["out"]
+        gy = grad_out * y
+        gy -= y * gy.sum(axis=ctx.axis, keepdims=True)
+        return gy
+
+
+class LogSoftmax(Function):
+    """out = x - logΣe^x along an axis (stable). Saves its output: dL/dx = g - e^out·Σ g."""
+
+    op = "log_softmax"
+
+    @staticmethod
+    def forward(ctx, x, axis=-1):
+        ctx.axis = axis
+        shifted = x - x.max(axis=axis, keepdims=True)
+        out = shifted - xp().log(xp().exp(shifted).sum(axis=axis, keepdims=True))
+        ctx.save(out=out)
+        ctx.flops = (4 * numel(x.shape), 3 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out = ctx.saved["out"]
+        return grad_out - xp().exp(out) * grad_out.sum(axis=ctx.axis, keepdims=True)
+
+
+class CrossEntropy(Function):
+    """loss = mean over rows of (logΣ_c e^(x_c) - x_target), fused and stable; rows with target
+    == ignore_index do not count. Saves the logits (the caller keeps them anyway), the per-row
+    log-sum-exp and the targets: dL/dx = (softmax(x) - onehot(target)) · g / N."""
+
+    op = "cross_entropy"
+
+    @staticmethod
+    def forward(ctx, logits, targets, ignore_index=-1):
+        if len(logits.shape) != 2 or tuple(targets.shape) != (logits.shape[0],):
+            raise ValueError(
+                f"cross_entropy: logits must be [N, C] and targets [N]; got logits {list(logits.shape)} and "
+                f"targets {list(targets.shape)}. Flatten with logits.reshape(-1, C), targets.reshape(-1)."
+            )
+        if targets.dtype.kind not in "iu":
+            raise TypeError(f"cross_entropy: targets must be integer class indices, got dtype {targets.dtype}")
+        m = logits.max(axis=1, keepdims=True)
+        lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
+        valid = targets != ignore_index
+        count = max(int(valid.sum()), 1) if backend.current().name != "meta" else logits.shape[0]
+        rows = xp().arange(logits.shape[0])
+        picked = logits[rows, xp().where(valid, targets, 0)]
+        loss = ((lse[:, 0] - picked) * valid).sum() / count
+        ctx.count = count
+        ctx.save(logits=logits, lse=lse, targets=targets, valid=valid)
+        ctx.flops = (4 * numel(logits.shape), 4 * numel(logits.shape))
+        return loss.astype(logits.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, lse, targets, valid = (ctx.saved[k] for k in ("logits", "lse", "targets", "valid"))
+        grad = xp().exp(logits - lse)
+        rows = xp().arange(logits.shape[0])
+        grad[rows, xp().where(valid, targets, 0)] -= 1
+        grad *= (grad_out / ctx.count) * valid[:, None]
+        return grad, None
+
+
+class LayerNorm(Function):
+    """out = x̂·w + b with x̂ = (x - mean)/√(var + eps) over the last axis.
+
+    Saves the normalised input x̂ and 1/std (one number per row): with them,
+    dL/dx = (1/std)·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) where ĝ = g·w. (The alternative, input + mean + 1/std,
+    costs the same bytes but an extra pass in backward.)
+    """
+
+    op = "layer_norm"
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps=1e-5):
+        d = x.shape[-1]
+        if tuple(weight.shape) != (d,) or tuple(bias.shape) != (d,):
+            raise ValueError(
+                f"layer_norm: weight {list(weight.shape)} and bias {list(bias.shape)} must both be [{d}] "
+                f"to normalise an input of shape {list(x.shape)} over its last axis."
+            )
+        mean = x.mean(axis=-1, keepdims=True)
+        xhat = x - mean
+        var = (xhat * xhat).mean(axis=-1, keepdims=True)
+        rstd = 1 / xp().sqrt(var + eps)
+        xhat *= rstd
+        ctx.save(xhat=xhat, rstd=rstd, weight=weight)
+        ctx.flops = (8 * numel(x.shape), 10 * numel(x.shape))
+        out = xhat * weight
+        out += bias
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xhat, rstd, weight = ctx.saved["xhat"], ctx.saved["rstd"], ctx.saved["weight"]
+        rows = grad_out.reshape(-1, grad_out.shape[-1])
+        gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)
+        gb = rows.sum(axis=0)
+        ghat = grad_out * weight
+        gx = ghat - ghat.mean(axis=-1, keepdims=True)
+        gx -= xhat * (ghat * xhat).mean(axis=-1, keepdims=True)
+        gx *= rstd
+        return gx, gw, gb
+
+
+class Dropout(Function):
+    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG. Saves the boolean mask
+    (1 byte per element): dL/dx = g·mask/(1-p)."""
+
+    @staticmethod
+    def forward(ctx, x, p):
+        mask = backend.next_generator().random(x.shape, dtype=xp().float32) >= p
+        ctx.scale = 1.0 / (1.0 - p)
+        ctx.save(mask=mask)
+        ctx.flops = (2 * numel(x.shape), 2 * numel(x.shape))
+        out = x * mask
+        out *= xp().asarray(ctx.scale, dtype=x.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        grad = grad_out * ctx.saved["mask"]
+        grad *= xp().asarray(ctx.scale, dtype=grad.dtype)
+        return grad

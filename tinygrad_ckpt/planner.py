@@ -1,0 +1,448 @@
+"""Checkpoint plans for a chain of layers: the memory model, a simulator, an optimal planner.
+
+Layer k of a chain 0..n-1 has three costs (``LayerCost``):
+    f_k  forward FLOPs of one run of the layer,
+    a_k  bytes its ops save for backward when it runs plainly (its interior),
+    b_k  bytes of its input x_k, which a checkpoint starting at k keeps.
+A ``Plan`` cuts [start, stop) into contiguous segments. A plain segment holds a_k from layer k's forward
+until its backward. A checkpointed segment [p, q) holds only x_p in the forward; in the backward it replays
+its inner plan over [p, q) (those forward FLOPs are recompute), runs that plan's backward, then drops x_p.
+Held items form a set: x_p already held by an enclosing checkpoint costs nothing again. Temporaries and
+gradients are not modelled. ``simulate`` runs exactly this model; ``plan_chain`` finds the plan with the
+least recompute whose simulated peak fits a budget (the heterogeneous-chain form of Revolve).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import cache
+from itertools import accumulate
+
+# Automatic granularity aims for at most this many memory units in the budget (the DP's memory axis).
+TARGET_BUDGET_UNITS = 128
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """Costs of one layer: f_k = forward_flops, a_k = saved_bytes, b_k = input_bytes."""
+
+    forward_flops: float
+    saved_bytes: int
+    input_bytes: int
+
+    def __post_init__(self):
+        if min(self.forward_flops, self.saved_bytes, self.input_bytes) < 0:
+            raise ValueError(f"layer costs must be non-negative, got {self}")
+
+
+def uniform_costs(
+    n: int, forward_flops: float = 1, saved_bytes: int = 1, input_bytes: int = 1
+) -> list[LayerCost]:
+    """n identical layers: f_k = forward_flops, a_k = saved_bytes, b_k = input_bytes."""
+    return [LayerCost(forward_flops, saved_bytes, input_bytes)] * n
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Layers [start, stop): plain, or checkpointed and replayed with ``inner`` (None: all plain)."""
+
+    start: int
+    stop: int
+    checkpoint: bool = False
+    inner: Plan | None = None
+
+    def __post_init__(self):
+        if not 0 <= self.start < self.stop:
+            raise ValueError(f"empty or negative segment [{self.start}:{self.stop})")
+        if self.inner is not None:
+            if not self.checkpoint:
+                raise ValueError("only a checkpointed segment can have an inner plan")
+            if (self.inner.start, self.inner.stop) != (self.start, self.stop):
+                raise ValueError(f"inner plan {self.inner} does not cover [{self.start}:{self.stop})")
+
+    @property
+    def depth(self) -> int:
+        """0 plain, 1 checkpointed and replayed plainly, 1 + inner depth otherwise."""
+        return 0 if not self.checkpoint else 1 + (self.inner.depth if self.inner else 0)
+
+    def describe(self) -> str:
+        kind = "ckpt" if self.checkpoint else "plain"
+        inner = "" if self.inner is None else "{" + self.inner.describe(sep=",") + "}"
+        return f"[{self.start}:{self.stop}){kind}{inner}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Contiguous segments over [start, stop); the predictions are filled in by ``plan_chain``."""
+
+    segments: tuple[Segment, ...]
+    predicted_peak_bytes: int | None = field(default=None, compare=False)
+    predicted_recompute_flops: float | None = field(default=None, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "segments", tuple(self.segments))
+        if not self.segments:
+            raise ValueError("a plan needs at least one segment")
+        for left, right in zip(self.segments, self.segments[1:]):
+            if left.stop != right.start:
+                raise ValueError(f"segments {left.describe()} and {right.describe()} are not contiguous")
+
+    @property
+    def start(self) -> int:
+        return self.segments[0].start
+
+    @property
+    def stop(self) -> int:
+        return self.segments[-1].stop
+
+    @property
+    def depth(self) -> int:
+        """Nesting depth of checkpoints: 0 without any, 1 for checkpoints replayed plainly, and so on."""
+        return max(segment.depth for segment in self.segments)
+
+    def checkpoint_boundaries(self) -> list[int]:
+        """Indices p whose input x_p a top-level checkpoint keeps during the first forward."""
+        return [s.start for s in self.segments if s.checkpoint]
+
+    def describe(self, sep: str = " ") -> str:
+        """E.g. ``[0:4)ckpt{[0:2)ckpt,[2:4)plain} [4:8)ckpt``."""
+        return sep.join(s.describe() for s in self.segments)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+
+# ---------------------------------------------------------------------------------------------------
+# Ready-made plans (structure only; ``simulate`` gives their cost for a chain)
+
+
+def no_checkpoint_plan(n: int) -> Plan:
+    """Everything plain: peak = sum a_k, no recompute."""
+    return Plan([Segment(0, n)])
+
+
+def sequential_plan(n: int, segments: int, last_plain: bool = False) -> Plan:
+    """``segments`` checkpointed pieces of n // segments layers, the remainder joining the last piece.
+
+    With ``last_plain`` the last piece runs plainly, as in PyTorch's ``checkpoint_sequential``.
+    """
+    if not 1 <= segments <= n:
+        raise ValueError(f"need 1 <= segments <= n, got segments={segments}, n={n}")
+    size = n // segments
+    bounds = [k * size for k in range(segments)] + [n]
+    pieces = [Segment(p, q, checkpoint=True) for p, q in zip(bounds, bounds[1:])]
+    if last_plain:
+        pieces[-1] = Segment(pieces[-1].start, n)
+    return Plan(pieces)
+
+
+def every_layer_plan(n: int) -> Plan:
+    """Each layer its own checkpoint: peak = max_k (b_0 + ... + b_k + a_k), recompute = sum f_k."""
+    return Plan([Segment(k, k + 1, checkpoint=True) for k in range(n)])
+
+
+def sqrt_plan(n: int, last_plain: bool = False) -> Plan:
+    """Chen et al. 2016: round(sqrt n) checkpointed segments; peak ~ (n/k) b + k a, one extra forward."""
+    return sequential_plan(n, max(1, round(math.sqrt(n))), last_plain)
+
+
+def recursive_plan(n: int, depth: int | None = None) -> Plan:
+    """Bisection (Chen 2016 with k = 1): over [i, j) checkpoint [i, mid) and recurse into both halves.
+
+    The top level keeps x_0, x_{n/2}, x_{3n/4}, ...; replays follow the same rule, so peak = O(log n)
+    items and every layer is replayed O(log n) times. ``depth`` caps the nesting (deeper: replay plainly).
+    """
+
+    def halves(i: int, j: int, depth_left: int | None) -> list[Segment]:
+        if j - i == 1 or depth_left == 0:
+            return [Segment(i, j)]
+        mid = (i + j) // 2
+        inner = halves(i, mid, None if depth_left is None else depth_left - 1)
+        inner_plan = None if inner == [Segment(i, mid)] else Plan(inner)
+        return [Segment(i, mid, True, inner_plan), *halves(mid, j, depth_left)]
+
+    return Plan(halves(0, n, depth))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The simulator: the memory model, run event by event
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Peak held bytes, recompute FLOPs, (event, held bytes) after each event, replays per layer."""
+
+    peak_bytes: int
+    recompute_flops: float
+    timeline: list[tuple[str, int]]
+    replay_counts: tuple[int, ...]
+
+
+def simulate(costs: list[LayerCost], plan: Plan) -> SimResult:
+    """Run ``plan`` over the chain: forward of all segments, then backward in reverse (module docstring)."""
+    costs = list(costs)
+    if (plan.start, plan.stop) != (0, len(costs)):
+        raise ValueError(f"plan covers [{plan.start}:{plan.stop}), the chain has {len(costs)} layers")
+    held: dict[tuple[str, int], int] = {}
+    timeline: list[tuple[str, int]] = [("start", 0)]
+    replays = [0] * len(costs)
+    recompute = 0
+
+    def hold(item: tuple[str, int], nbytes: int, event: str) -> None:
+        assert item not in held, f"{item} held twice"
+        held[item] = nbytes
+        timeline.append((event, timeline[-1][1] + nbytes))
+
+    def release(item: tuple[str, int], event: str) -> None:
+        timeline.append((event, timeline[-1][1] - held.pop(item)))
+
+    def forward(plan: Plan, replaying: bool) -> list[bool]:
+        """Run the forward of each segment; return which checkpoints added their input x_p."""
+        nonlocal recompute
+        added = []
+        for seg in plan.segments:
+            if replaying:
+                for k in range(seg.start, seg.stop):
+                    recompute += costs[k].forward_flops
+                    replays[k] += 1
+            fresh = seg.checkpoint and ("input", seg.start) not in held
+            if fresh:
+                hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
+            if not seg.checkpoint:
+                for k in range(seg.start, seg.stop):
+                    hold(("saved", k), costs[k].saved_bytes, f"forward {k}")
+            added.append(fresh)
+        return added
+
+    def backward(plan: Plan, added: list[bool]) -> None:
+        for seg, fresh in reversed(list(zip(plan.segments, added))):
+            if seg.checkpoint:
+                inner = seg.inner or Plan([Segment(seg.start, seg.stop)])
+                timeline.append((f"replay [{seg.start}:{seg.stop})", timeline[-1][1]))
+                backward(inner, forward(inner, replaying=True))
+                if fresh:
+                    release(("input", seg.start), f"drop x{seg.start}")
+            else:
+                for k in reversed(range(seg.start, seg.stop)):
+                    release(("saved", k), f"backward {k}")
+
+    backward(plan, forward(plan, replaying=False))
+    peak = max(nbytes for _, nbytes in timeline)
+    return SimResult(peak, recompute, timeline, tuple(replays))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Minimum peak and the optimal planner
+
+
+@contextmanager
+def _recursion_room(n: int):
+    """The memoised DPs below recurse about 3 frames per layer; let chains of a few hundred layers in."""
+    old_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old_limit, 4 * n + 200))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(old_limit)
+
+
+def _canonical_ranges(layer_keys: list) -> list[list[tuple[int, int]]]:
+    """first[i][j] = the first range [i0, j0) whose layers have the same keys, in order, as [i, j).
+
+    Sub-chains with equal costs have the same best plan (shifted), so the DPs below solve each distinct
+    sub-chain once: a uniform chain has n distinct ranges, not n(n+1)/2.
+    """
+    n = len(layer_keys)
+    range_ids: dict[tuple, int] = {}
+    first_with_id: dict[int, tuple[int, int]] = {}
+    first = [[(i, i)] * (n + 1) for i in range(n + 1)]
+    for i in range(n):
+        range_id = -1
+        for j in range(i + 1, n + 1):
+            range_id = range_ids.setdefault((range_id, layer_keys[j - 1]), len(range_ids))
+            first[i][j] = first_with_id.setdefault(range_id, (i, j))
+    return first
+
+
+def _min_peak_function(saved: list[int], inputs: list[int]):
+    """peak(i, j, held, depth_left): least peak of any plan over [i, j), in the units of saved/inputs.
+
+    peak = min( a_i + peak(i+1, j),  min_k  c + max(peak(k, j), peak(i, k, held)) ),  c = 0 if x_i held
+    else b_i, k < j when x_i is held; a range that may not nest further costs sum a_k.
+    """
+    first = _canonical_ranges(list(zip(saved, inputs)))
+
+    def peak(i: int, j: int, held: bool, depth_left: int | None) -> int:
+        return canonical_peak(*first[i][j], held, depth_left)
+
+    @cache
+    def canonical_peak(i: int, j: int, held: bool, depth_left: int | None) -> int:
+        if i == j:
+            return 0
+        if depth_left == 0:
+            return sum(saved[i:j])
+        least = saved[i] + peak(i + 1, j, False, depth_left)
+        c = 0 if held else inputs[i]
+        inner_depth = None if depth_left is None else depth_left - 1
+        for k in range(i + 1, j if held else j + 1):
+            least = min(least, c + max(peak(k, j, False, depth_left), peak(i, k, True, inner_depth)))
+        return least
+
+    return peak
+
+
+def minimum_peak_bytes(costs: list[LayerCost], max_depth: int | None = None) -> int:
+    """The least simulated peak any plan (of nesting depth <= max_depth) can reach on this chain."""
+    costs = list(costs)
+    peak = _min_peak_function([c.saved_bytes for c in costs], [c.input_bytes for c in costs])
+    with _recursion_room(len(costs)):
+        return peak(0, len(costs), False, max_depth)
+
+
+def _auto_granularity(costs: list[LayerCost], budget_bytes: int, max_depth: int | None) -> int:
+    """Exact units (gcd of all sizes) if the budget holds at most TARGET_BUDGET_UNITS of them, else a
+    coarser multiple, refined until the rounded-up chain still has a plan inside the budget."""
+    exact = math.gcd(*(c.saved_bytes for c in costs), *(c.input_bytes for c in costs)) or 1
+    factor = max(1, math.ceil(budget_bytes / exact / TARGET_BUDGET_UNITS))
+    while factor > 1:
+        unit = exact * factor
+        saved = [-(-c.saved_bytes // unit) for c in costs]
+        inputs = [-(-c.input_bytes // unit) for c in costs]
+        if _min_peak_function(saved, inputs)(0, len(costs), False, max_depth) <= budget_bytes // unit:
+            break
+        factor //= 2
+    return exact * factor
+
+
+def plan_chain(
+    costs: list[LayerCost],
+    budget_bytes: int,
+    granularity: int | None = None,
+    max_depth: int | None = None,
+) -> Plan:
+    """The plan with the least recompute FLOPs whose simulated peak is <= budget_bytes.
+
+    Dynamic programme over (i, j, m, held, depth_left): the best plan over [i, j) within m memory units,
+    x_i already held or not. Either layer i runs plainly, leaving m - a_i for [i+1, j), or a checkpoint
+    [i, k) keeps x_i (c = b_i, or 0 if held; k < j if held) and
+        recompute = f_i + ... + f_{k-1} + best(k, j, m - c) + best(i, k, m - c, held=True),
+    because the rest runs on top of x_i and, later, the replay of [i, k) runs on top of x_i alone.
+    Bytes are rounded UP to multiples of ``granularity`` (default: see ``_auto_granularity``), so the
+    plan fits the budget with exact bytes. ``max_depth`` caps checkpoint nesting (None: no cap).
+    Among plans of equal recompute the lower peak wins (a sub-chain that fits all plain is run plain).
+    """
+    costs = list(costs)
+    with _recursion_room(len(costs)):
+        return _plan_chain(costs, budget_bytes, granularity, max_depth)
+
+
+def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | None, max_depth: int | None):
+    n = len(costs)
+    if n == 0:
+        raise ValueError("the chain has no layers")
+    least = minimum_peak_bytes(costs, max_depth)
+    if budget_bytes < least:
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes} bytes: the minimum feasible peak is {least} bytes"
+            + (f" (max_depth={max_depth})" if max_depth is not None else "")
+        )
+    if sum(c.saved_bytes for c in costs) <= budget_bytes:
+        return _with_predictions(costs, no_checkpoint_plan(n))  # zero recompute, whatever the rounding
+    unit = granularity or _auto_granularity(costs, budget_bytes, max_depth)
+    saved = [-(-c.saved_bytes // unit) for c in costs]
+    inputs = [-(-c.input_bytes // unit) for c in costs]
+    flops_before = [0, *accumulate(c.forward_flops for c in costs)]
+    saved_before = [0, *accumulate(saved)]
+    least_units = _min_peak_function(saved, inputs)
+    first = _canonical_ranges([(a, b, c.forward_flops) for a, b, c in zip(saved, inputs, costs)])
+
+    @cache
+    def best(i: int, j: int, m: int, held: bool, depth_left: int | None):
+        """(recompute, peak units, split) of the best plan over [i, j) within m units, or None if none
+        fits; split None: layer i runs plainly, else the first segment is the checkpoint [i, i + split).
+        Called with canonical ranges only (``first``), so equal sub-chains share one entry."""
+        if saved_before[j] - saved_before[i] <= m:
+            return (0, saved_before[j] - saved_before[i], None)  # all plain: nothing to recompute
+        if least_units(i, j, held, depth_left) > m:
+            return None
+        choice = None
+        if saved[i] <= m and (rest := best(*first[i + 1][j], m - saved[i], False, depth_left)):
+            choice = (rest[0], saved[i] + rest[1], None)
+        c = 0 if held else inputs[i]
+        if depth_left == 0 or c > m:
+            return choice
+        inner_depth = None if depth_left is None else depth_left - 1
+        for k in range(i + 1, j if held else j + 1):
+            replay_flops = flops_before[k] - flops_before[i]
+            if choice and replay_flops > choice[0]:
+                break  # replaying more layers only costs more
+            rest = best(*first[k][j], m - c, False, depth_left)
+            replay = best(*first[i][k], m - c, True, inner_depth)
+            if rest and replay:
+                peak = c + (rest[1] if rest[1] > replay[1] else replay[1])
+                option = (replay_flops + rest[0] + replay[0], peak, k - i)
+                if choice is None or option[:2] < choice[:2]:
+                    choice = option
+        return choice
+
+    def build(i: int, j: int, m: int, held: bool, depth_left: int | None) -> list[Segment]:
+        """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
+        segments: list[Segment] = []
+        while i < j:
+            split = best(*first[i][j], m, held, depth_left)[2]
+            if split is None:
+                if segments and not segments[-1].checkpoint:
+                    segments[-1] = Segment(segments[-1].start, i + 1)
+                else:
+                    segments.append(Segment(i, i + 1))
+                m, i = m - saved[i], i + 1
+            else:
+                k = i + split
+                m -= 0 if held else inputs[i]
+                inner = build(i, k, m, True, None if depth_left is None else depth_left - 1)
+                segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
+                i = k
+            held = False
+        return segments
+
+    capacity = budget_bytes // unit
+    if best(0, n, capacity, False, max_depth) is None:  # [0, n) is its own canonical range
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
+            f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
+        )
+    return _with_predictions(costs, Plan(build(0, n, capacity, False, max_depth)))
+
+
+def _with_predictions(costs: list[LayerCost], plan: Plan) -> Plan:
+    result = simulate(costs, plan)
+    return Plan(plan.segments, result.peak_bytes, result.recompute_flops)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Revolve (Griewank & Walther 2000) closed forms for a uniform chain
+
+
+def revolve_max_steps(snapshots: int, repetitions: int) -> int:
+    """beta(s, r) = C(s + r, s): the longest chain s snapshots can reverse if no step is advanced more
+    than r times (advances only: the one recording run of each step before its reversal is not counted)."""
+    if snapshots < 0 or repetitions < 0:
+        raise ValueError("snapshots and repetitions must be non-negative")
+    return math.comb(snapshots + repetitions, snapshots)
+
+
+def revolve_min_forward_steps(steps: int, snapshots: int) -> int:
+    """T(l, s) = r l - C(s + r, s + 1) with r the least integer such that C(s + r, s) >= l.
+
+    The fewest advances (forward steps, not counting the l recording runs) that reverse l uniform steps
+    with s snapshot slots, one of them holding the initial state.
+    """
+    if steps < 1 or snapshots < 0 or (snapshots == 0 and steps > 1):
+        raise ValueError(f"cannot reverse {steps} steps with {snapshots} snapshots")
+    r = 0
+    while revolve_max_steps(snapshots, r) < steps:
+        r += 1
+    return r * steps - math.comb(snapshots + r, snapshots + 1)

@@ -1,0 +1,274 @@
+"""`Tensor`: an array plus what autograd needs to know about it. No math lives here.
+
+A tensor holds its `data` (a backend array), `requires_grad`, an optional `name`, its `.grad`
+(a backend array, for leaves), a unique slot number `_uid` that the tape routes gradients by, and
+`_tape`, the tape that recorded the op which produced it (None for leaves). Operators call the
+functions in `ops/`.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+
+from . import backend, ledger
+
+_uids = itertools.count()
+
+
+def _as_array(data, dtype):
+    """A backend array for `data`; Python floats and lists become float32 (NumPy arrays keep theirs)."""
+    be = backend.current()
+    if be.is_array(data):
+        return data if dtype is None or data.dtype == dtype else data.astype(dtype)
+    if dtype is None and not isinstance(data, np.ndarray):
+        arr = np.asarray(data)
+        dtype = np.float32 if arr.dtype == np.float64 else arr.dtype
+    return be.asarray(data, dtype=dtype)
+
+
+class Tensor:
+    """An n-dimensional array that records the ops applied to it when it requires grad."""
+
+    __slots__ = ("data", "requires_grad", "name", "_grad", "_grad_owned", "_uid", "_tape", "__weakref__")
+    is_parameter = False
+
+    def __init__(self, data, requires_grad: bool = False, name: str | None = None, dtype=None):
+        self._init(_as_array(data, dtype), requires_grad, None)
+        self.name = name
+        led = ledger.current()
+        if led is not None:
+            led.track(self.data, "parameter" if self.is_parameter else "other", self.name or "tensor")
+
+    def _init(self, data, requires_grad, tape) -> None:
+        self.data = data
+        self.requires_grad = bool(requires_grad)
+        self.name = None
+        self._grad = None
+        self._grad_owned = False  # True once .grad is an array autograd allocated (safe to add into)
+        self._uid = next(_uids)
+        self._tape = tape
+
+    @classmethod
+    def from_op(cls, data, requires_grad: bool, tape) -> Tensor:
+        """Wrap an op's output array (no conversion; the ledger is told by Function.apply)."""
+        t = object.__new__(cls)
+        t._init(data, requires_grad, tape)
+        return t
+
+    # ---- autograd -------------------------------------------------------------------------
+    @property
+    def grad(self):
+        return self._grad
+
+    @grad.setter
+    def grad(self, value) -> None:
+        self._grad, self._grad_owned = value, False
+        led = ledger.current()
+        if value is not None and led is not None:
+            led.track(value, "gradient", f"{self.name or 'tensor'}.grad")
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._tape is None
+
+    def backward(self, grad=None, retain_graph: bool = False) -> None:
+        """Backpropagate from this tensor; leaf tensors accumulate their gradient in `.grad`."""
+        if not self.requires_grad:
+            raise RuntimeError(
+                f"backward() on a tensor of shape {list(self.shape)} that does not require grad: "
+                "no input of the computation had requires_grad=True (or it ran under tg.no_grad())."
+            )
+        if grad is None:
+            if self.size != 1:
+                raise RuntimeError(
+                    f"backward() on a non-scalar tensor of shape {list(self.shape)} needs the gradient of the "
+                    "loss with respect to it: call .backward(grad) with an array of that shape, or reduce it "
+                    "to a scalar first (e.g. .sum() or .mean())."
+                )
+            grad = backend.xp().ones(self.shape, dtype=self.dtype)
+        elif isinstance(grad, Tensor):
+            grad = grad.data
+        if tuple(grad.shape) != tuple(self.shape):
+            raise ValueError(f"backward(): grad has shape {list(grad.shape)}, tensor has {list(self.shape)}")
+        if self._tape is None:
+            accumulate_grad(self, grad)
+            return
+        if self._tape.closed:
+            raise RuntimeError(
+                "backward() through a tape that was already consumed by an earlier backward(): its saved "
+                "arrays are released. Run the forward pass again, or pass retain_graph=True to the first "
+                "backward() if you need two backward passes through one graph."
+            )
+        for _ in self._tape.backward_steps({self._uid: grad}, retain_graph=retain_graph):
+            pass
+
+    def backward_steps(self, grad=None, retain_graph: bool = False):
+        """The backward pass as a generator: yields each tape entry just before its backward runs."""
+        if grad is None:
+            grad = backend.xp().ones(self.shape, dtype=self.dtype)
+        return self._tape.backward_steps({self._uid: grad}, retain_graph=retain_graph)
+
+    def detach(self) -> Tensor:
+        """Same data (no copy), cut from the graph."""
+        return Tensor(self.data, requires_grad=False, name=self.name)
+
+    def requires_grad_(self, flag: bool = True) -> Tensor:
+        self.requires_grad = flag
+        return self
+
+    def zero_grad(self) -> None:
+        self.grad = None
+
+    # ---- data access ----------------------------------------------------------------------
+    @property
+    def shape(self) -> tuple:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self):
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.data.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.data.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * np.dtype(self.dtype).itemsize
+
+    def numpy(self) -> np.ndarray:
+        return backend.current().to_numpy(self.data)
+
+    def item(self) -> float:
+        return self.numpy().item()
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        parts = [f"shape={list(self.shape)}", f"dtype={self.dtype}"]
+        if self.name:
+            parts.insert(0, f"name={self.name!r}")
+        if self.requires_grad:
+            parts.append("requires_grad=True")
+        if self._tape is not None:
+            parts.append("from_op=True")
+        if self.size <= 8 and backend.current().name != "meta":
+            parts.append(f"data={np.array2string(self.numpy().ravel(), precision=4, separator=', ')}")
+        return f"Tensor({', '.join(parts)})"
+
+    # ---- operators (implemented in ops/) ----------------------------------------------------
+    def __add__(self, other):
+        return ops.add(self, other)
+
+    def __radd__(self, other):
+        return ops.add(other, self)
+
+    def __sub__(self, other):
+        return ops.sub(self, other)
+
+    def __rsub__(self, other):
+        return ops.sub(other, self)
+
+    def __mul__(self, other):
+        return ops.mul(self, other)
+
+    def __rmul__(self, other):
+        return ops.mul(other, self)
+
+    def __truediv__(self, other):
+        return ops.div(self, other)
+
+    def __rtruediv__(self, other):
+        return ops.div(other, self)
+
+    def __neg__(self):
+        return ops.neg(self)
+
+    def __pow__(self, exponent):
+        return ops.pow(self, exponent)
+
+    def __matmul__(self, other):
+        return ops.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return ops.matmul(other, self)
+
+    def __getitem__(self, index):
+        return ops.getitem(self, index)
+
+    def exp(self):
+        return ops.exp(self)
+
+    def log(self):
+        return ops.log(self)
+
+    def tanh(self):
+        return ops.tanh(self)
+
+    def sum(self, axis=None, keepdims=False):
+        return ops.sum(self, axis=axis, keepdims=keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return ops.mean(self, axis=axis, keepdims=keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return ops.max(self, axis=axis, keepdims=keepdims)
+
+    def reshape(self, *shape):
+        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+            shape = tuple(shape[0])
+        return ops.reshape(self, shape)
+
+    def view(self, *shape):
+        return self.reshape(*shape)
+
+    def permute(self, *axes):
+        if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
+            axes = tuple(axes[0])
+        return ops.permute(self, axes)
+
+    def transpose(self, *axes):
+        """`t.transpose()` reverses the axes (NumPy); `t.transpose(a, b)` swaps two (PyTorch)."""
+        if len(axes) == 2 and all(isinstance(a, int) for a in axes):
+            return ops.swapaxes(self, *axes)
+        if not axes:
+            axes = tuple(reversed(range(self.ndim)))
+        return self.permute(*axes)
+
+    def swapaxes(self, axis1: int, axis2: int):
+        return ops.swapaxes(self, axis1, axis2)
+
+    @property
+    def T(self):
+        return self.transpose()
+
+
+class Parameter(Tensor):
+    """A trainable leaf tensor owned by a module (counted as "parameter" by the ledger)."""
+
+    __slots__ = ()
+    is_parameter = True
+
+    def __init__(self, data, name: str | None = None):
+        super().__init__(data, requires_grad=True, name=name)
+
+
+def accumulate_grad(leaf: Tensor, g) -> None:
+    """leaf.grad += g, without aliasing: the first gradient may be shared, so copy before adding."""
+    if leaf._grad is None:
+        leaf.grad = g
+    elif leaf._grad_owned:
+        leaf._grad += g
+    else:
+        leaf.grad = leaf._grad + g
+        leaf._grad_owned = True
+
+
+from . import ops  # noqa: E402  (ops needs Tensor; imported last to close the cycle)
