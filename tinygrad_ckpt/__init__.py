@@ -13,13 +13,17 @@ from .tape import Tape, TapeEntry, name_scope, no_grad
 from .tensor import Parameter, Tensor
 
 from . import functional, nn, optim  # noqa: E402,I001  (after Tensor)
-from .checkpoint import checkpoint, checkpoint_sequential  # noqa: E402
+from .checkpoint import (  # noqa: E402
+    CheckpointError, Decision, Policy, checkpoint, checkpoint_sequential, korthikanti_selective, save_matmuls,
+    save_nothing,
+)
 
 detect_anomaly = debug.detect_anomaly
 
 __all__ = [
     "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "name_scope",
     "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger", "OutOfMemoryError",
-    "checkpoint", "checkpoint_sequential", "detect_anomaly", "debug", "functional", "nn", "optim",
+    "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy", "Decision", "save_nothing",
+    "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional", "nn", "optim",
 ]
 __version__ = "0.1.0"

@@ -51,6 +51,8 @@ class Context:
         if led is not None and self.saved:
             led.unsave(name, self.saved)
         self.saved.clear()
+        if "segment" in self.__dict__:  # a checkpoint entry: let go of its stash and replay state too
+            self.segment = None
 
     def __repr__(self) -> str:
         saves = ", ".join(f"{k}: {list(v.shape)} {v.dtype}" for k, v in self.saved.items() if hasattr(v, "shape"))
@@ -83,13 +85,15 @@ class Function:
         grad_inputs = [isinstance(x, Tensor) and x.requires_grad for x in inputs]
         requires_grad = STATE.grad_enabled and any(grad_inputs)
         recording = requires_grad and STATE.mode == "record"
-        ctx = Context(tuple(g and requires_grad for g in grad_inputs), saving=recording)
+        segment = STATE.segment  # inside a checkpointed segment: it observes (and may serve) every op
+        ctx = Context(tuple(g and requires_grad for g in grad_inputs), saving=recording or (
+            segment is not None and requires_grad))
         name = scoped_name(cls.kind())
         led = ledger.current()
         if led is not None:
             led.begin_forward()
-        if STATE.op_hook is not None:
-            out = STATE.op_hook(cls, name, ctx, arrays, params)
+        if segment is not None:
+            out = segment.run_op(cls, name, ctx, arrays, params, inputs)
         else:
             out = cls.forward(ctx, *arrays, **params)
         outs = out if isinstance(out, tuple) else (out,)

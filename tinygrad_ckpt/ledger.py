@@ -55,7 +55,7 @@ class Event:
     seq: int
     step: int
     phase: str
-    action: str  # existing | allocated | saved | recomputed | unsaved | released | op
+    action: str  # existing | allocated | saved | recomputed | restored | unsaved | released | retagged | op
     nbytes: int
     category: str
     name: str  # scoped name of the op (or the tensor) responsible
@@ -289,7 +289,7 @@ class Ledger:
             transient = tracemalloc.get_traced_memory()[1] - self._traced_at_op_start
         for out in outputs:
             self.track(out, "other", name)
-        self.save(name, ctx.saved)
+        self.save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
         self.step += 1
         self.flops_by_phase[phase] += ctx.flops[0]
         self._emit("op", 0, "", name, flops=ctx.flops[0])

@@ -28,7 +28,7 @@ class State:
         self.mode = "record"  # "record": keep saves on the tape; "discard": checkpoint forward, keep nothing
         self.scope: list[str] = []
         self.tape_ref = None  # weak reference to the tape new entries go to
-        self.op_hook = None  # set by selective checkpointing: decides per op save/recompute
+        self.segment = None  # the checkpointed segment being run or replayed (checkpoint.Segment), if any
 
 
 STATE = State()
@@ -63,16 +63,17 @@ def no_grad():
 
 
 @contextlib.contextmanager
-def recording_mode(mode: str, tape: Tape | None = None, op_hook=None):
-    """Temporarily change what ops do with their saves ("record" or "discard") and where they go."""
-    saved = (STATE.mode, STATE.tape_ref, STATE.op_hook, STATE.grad_enabled)
-    STATE.mode, STATE.op_hook, STATE.grad_enabled = mode, op_hook, True
+def recording_mode(mode: str, tape: Tape | None = None, segment=None):
+    """Temporarily change what ops do with their saves ("record" or "discard"), where entries go,
+    and which checkpointed segment observes the ops."""
+    saved = (STATE.mode, STATE.tape_ref, STATE.segment, STATE.grad_enabled)
+    STATE.mode, STATE.segment, STATE.grad_enabled = mode, segment, True
     if tape is not None:
         STATE.tape_ref = weakref.ref(tape)
     try:
         yield
     finally:
-        STATE.mode, STATE.tape_ref, STATE.op_hook, STATE.grad_enabled = saved
+        STATE.mode, STATE.tape_ref, STATE.segment, STATE.grad_enabled = saved
 
 
 def current_tape() -> Tape:
