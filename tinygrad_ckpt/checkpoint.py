@@ -380,7 +380,9 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, policy: Policy | None
     Under tg.no_grad() this is a plain call.
     """
     if determinism_check not in ("values", "metadata", "none"):
-        raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got {determinism_check!r}")
+        raise ValueError(
+            f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got {determinism_check!r}"
+        )
     if not STATE.grad_enabled:
         return fn(*args, **kwargs)
     outer = STATE.segment
@@ -472,17 +474,15 @@ class _ChunkRunner:
             for block in self.chunk:
                 x = block(x)
             return x
-        from .planner import Plan, Segment as PlanSegment
-
-        shifted = Plan([PlanSegment(s.start - self.offset, s.stop - self.offset, s.checkpoint, _shift(s.inner, self.offset))
-                        for s in self.inner.segments])
-        return run_plan(self.chunk, x, shifted, **self.kwargs)
+        return run_plan(self.chunk, x, _shift(self.inner, self.offset), **self.kwargs)
 
 
 def _shift(plan, offset):
+    """The same plan with layer numbers counted from `offset` (inner plans use absolute numbers)."""
     if plan is None:
         return None
-    from .planner import Plan, Segment as PlanSegment
+    from .planner import Plan
+    from .planner import Segment as PlanSegment
 
     return Plan([PlanSegment(s.start - offset, s.stop - offset, s.checkpoint, _shift(s.inner, offset))
                  for s in plan.segments])

@@ -99,7 +99,6 @@ class Function:
         outs = out if isinstance(out, tuple) else (out,)
         debug.check_forward(name, outs)
 
-        entry = None
         if recording:
             tape = current_tape()
             for x in inputs:
@@ -109,7 +108,7 @@ class Function:
             results = tuple(Tensor.from_op(o, True, tape) for o in outs)
             if led is not None:
                 led.forward_op(cls.kind(), name, ctx, outs)  # may raise OutOfMemoryError: nothing recorded yet
-            entry = tape.record(
+            tape.record(
                 cls, cls.kind(), name, ctx, slots, tuple(r._uid for r in results),
                 tuple(_meta(a) for a in arrays), tuple(_meta(o) for o in outs),
             )

@@ -40,7 +40,7 @@ class Permute(Function):
     def forward(ctx, x, axes):
         axes = tuple(a % len(x.shape) for a in axes)
         if sorted(axes) != list(range(len(x.shape))):
-            raise ValueError(f"permute: {list(axes)} is not a permutation of the {len(x.shape)} axes of {list(x.shape)}")
+            raise ValueError(f"permute: {list(axes)} is not a permutation of the axes of {list(x.shape)}")
         ctx.inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))
         return x.transpose(axes)
 

@@ -1,0 +1,250 @@
+"""Checkpointing: bitwise-identical gradients, what the tape and ledger hold, replay checks, policies."""
+
+import numpy as np
+import pytest
+
+import tinygrad_ckpt as tg
+from tinygrad_ckpt import functional as F
+from tinygrad_ckpt import nn, planner
+
+
+def gpt_grads(spec, dropout=0.1, n_layer=4, ledger=False):
+    tg.manual_seed(0)
+    model = nn.GPT(vocab_size=32, block_size=16, n_layer=n_layer, n_head=2, d_model=16, dropout=dropout,
+                   checkpoint=spec)
+    idx = np.random.default_rng(1).integers(0, 32, (2, 16))
+    led = tg.Ledger()
+    if ledger:
+        led.__enter__()
+    try:
+        logits, loss = model(idx, idx)
+        loss.backward()
+    finally:
+        if ledger:
+            led.__exit__(None, None, None)
+    return {k: p.grad.copy() for k, p in model.named_parameters()}, loss.item(), led
+
+
+PLANS = ["every_layer", "sqrt", 2, 3, tg.save_nothing, tg.save_matmuls, tg.korthikanti_selective,
+         planner.recursive_plan(4), planner.Plan([planner.Segment(0, 3, True, planner.sequential_plan(3, 2)),
+                                                   planner.Segment(3, 4, False)])]
+
+
+@pytest.mark.parametrize("spec", PLANS, ids=lambda s: str(s))
+def test_gradients_bitwise_equal_with_dropout(spec):
+    base, loss0, _ = gpt_grads(None)
+    grads, loss, _ = gpt_grads(spec)
+    assert loss == loss0
+    for k in base:
+        assert np.array_equal(grads[k], base[k]), k
+
+
+def test_checkpoint_sequential_matches_plain():
+    tg.manual_seed(0)
+    blocks = [nn.Block(16, 2, dropout=0.1) for _ in range(5)]
+    x0 = np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32)
+    results = []
+    for use in (False, True):
+        tg.manual_seed(3)
+        x = tg.Tensor(x0, requires_grad=True)
+        y = tg.checkpoint_sequential(blocks, 2, x) if use else x
+        if not use:
+            for b in blocks:
+                y = b(y)
+        y.sum().backward()
+        results.append([x.grad] + [p.grad.copy() for b in blocks for p in b.parameters()])
+        for b in blocks:
+            b.zero_grad()
+    assert all(np.array_equal(a, b) for a, b in zip(*results))
+
+
+def test_forward_keeps_only_inputs_and_one_entry():
+    tg.manual_seed(0)
+    block = nn.Block(16, 2)
+    x = tg.Tensor(np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32), requires_grad=True)
+    with tg.Ledger() as led:
+        y = tg.checkpoint(block, x)
+        assert led.live_bytes("activation") == x.nbytes  # the segment's input, nothing of its interior
+    tape = y._tape
+    assert [e.op for e in tape.entries] == ["checkpoint"]
+    entry = tape.entries[0]
+    assert list(entry.ctx.saved) == ["input0"] and entry.ctx.rng_state == tg.get_rng_state()
+    assert entry.saved_bytes() == x.nbytes
+    assert "checkpoint" in repr(entry)
+    y.sum().backward()
+    assert entry.released and tape.saved_bytes() == 0
+
+
+def test_replay_is_recorded_as_recompute_with_one_extra_forward():
+    _, _, plain = gpt_grads(None, dropout=0.0, ledger=True)
+    _, _, led = gpt_grads("every_layer", dropout=0.0, ledger=True)
+    block_forward = sum(op["flops"] for op in plain.ops if op["phase"] == "forward" and op["name"].startswith("h."))
+    assert led.flops("recompute") == block_forward
+    assert led.flops("forward") == plain.flops("forward")
+    assert any(e.action == "recomputed" and e.phase == "recompute" for e in led.events)
+    assert led.peak_bytes("activation") < plain.peak_bytes("activation")
+
+
+def test_many_inputs_outputs_kwargs_and_inputs_without_grad():
+    rng = np.random.default_rng(0)
+    tg.manual_seed(0)
+    lin = nn.Linear(8, 8)
+    x = tg.Tensor(rng.standard_normal((4, 8)).astype(np.float32))  # does not require grad
+    b = tg.Tensor(rng.standard_normal((4, 8)).astype(np.float32), requires_grad=True)
+
+    def f(a, scale, bias=None):
+        h = F.gelu(lin(a)) * scale
+        return {"out": h + bias, "total": h.sum()}
+
+    grads = []
+    for use in (False, True):
+        lin.zero_grad()
+        b.grad = None
+        out = tg.checkpoint(f, x, 2.0, bias=b) if use else f(x, 2.0, bias=b)
+        (out["out"].sum() * 3 + out["total"]).backward()
+        grads.append((lin.weight.grad.copy(), lin.bias.grad.copy(), b.grad.copy()))
+    for g0, g1 in zip(*grads):
+        assert np.array_equal(g0, g1)  # parameters inside get gradients although x does not require grad
+
+
+def test_tensors_captured_from_outside_get_gradients():
+    rng = np.random.default_rng(0)
+    w = tg.Tensor(rng.standard_normal((3, 3)), requires_grad=True)
+    b = tg.Tensor(rng.standard_normal((3, 3)), requires_grad=True)
+    grads = []
+    for use in (False, True):
+        w.grad = None
+        h = w * 2.0  # recorded outside, read inside the segment through the closure
+        fn = lambda a, h=h: (a * h).tanh()  # noqa: E731  (h read inside, passed as a default)
+        (tg.checkpoint(fn, b) if use else fn(b)).sum().backward()
+        grads.append(w.grad.copy())
+    assert np.array_equal(*grads)
+
+
+def test_nested_checkpoints_bitwise_and_recompute_twice():
+    tg.manual_seed(0)
+    blocks = [nn.Block(16, 2, dropout=0.1) for _ in range(4)]
+    x0 = np.random.default_rng(0).standard_normal((2, 8, 16)).astype(np.float32)
+
+    def run(nested):
+        for bl in blocks:
+            bl.zero_grad()
+        tg.manual_seed(5)
+        x = tg.Tensor(x0, requires_grad=True)
+        with tg.Ledger() as led:
+            if nested:
+                def outer(z):
+                    z = tg.checkpoint(lambda q: blocks[1](blocks[0](q)), z)
+                    return tg.checkpoint(lambda q: blocks[3](blocks[2](q)), z)
+                y = tg.checkpoint(outer, x)
+            else:
+                y = x
+                for bl in blocks:
+                    y = bl(y)
+            y.sum().backward()
+        return [x.grad] + [p.grad.copy() for bl in blocks for p in bl.parameters()], led
+
+    plain, _ = run(False)
+    nested, led = run(True)
+    assert all(np.array_equal(a, b) for a, b in zip(plain, nested))
+    blocks_forward = sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"] != "sum")
+    assert led.flops("recompute") == 2 * blocks_forward  # the outer replay, then each inner replay
+
+
+def test_no_grad_is_a_plain_call():
+    x = tg.Tensor(np.ones((2, 3), np.float32), requires_grad=True)
+    with tg.no_grad():
+        y = tg.checkpoint(lambda a: a.exp(), x)
+    assert not y.requires_grad and y._tape is None
+
+
+def test_non_tensor_return_is_a_clear_error():
+    x = tg.Tensor(np.ones(3, np.float32), requires_grad=True)
+    with pytest.raises(TypeError, match="must return a Tensor"):
+        tg.checkpoint(lambda a: 3, x)
+
+
+def test_replay_that_behaves_differently_is_named():
+    x = tg.Tensor(np.ones((2, 3)), requires_grad=True)
+    calls = {"n": 0}
+
+    def drifting(a):
+        calls["n"] += 1
+        return (a * float(calls["n"])).tanh()
+
+    y = tg.checkpoint(drifting, x)
+    with pytest.raises(tg.CheckpointError, match="diverged at op 'mul'.*checksum"):
+        y.sum().backward()
+
+
+def test_replay_with_other_shapes_is_named():
+    x = tg.Tensor(np.ones((4, 3)), requires_grad=True)
+    calls = {"n": 0}
+
+    def shape_changing(a):
+        calls["n"] += 1
+        return (a[: 4 - calls["n"]]).exp().sum()
+
+    y = tg.checkpoint(shape_changing, x)
+    with pytest.raises(tg.CheckpointError, match="diverged at op 'exp'"):
+        y.backward()
+
+
+def test_dropout_without_rng_replay_is_caught_and_otherwise_wrong():
+    x0 = np.random.default_rng(0).standard_normal((4, 16))
+
+    def f(a):
+        return F.dropout(a, 0.5).tanh()
+
+    x = tg.Tensor(x0, requires_grad=True)
+    with pytest.raises(tg.CheckpointError, match="dropout"):
+        tg.checkpoint(f, x, preserve_rng_state=False).sum().backward()
+    grads = []
+    for kwargs in ({}, {"preserve_rng_state": False, "determinism_check": "none"}):
+        tg.manual_seed(0)
+        x = tg.Tensor(x0, requires_grad=True)
+        tg.checkpoint(f, x, **kwargs).sum().backward()
+        grads.append(x.grad)
+    tg.manual_seed(0)
+    x = tg.Tensor(x0, requires_grad=True)
+    f(x).sum().backward()
+    assert np.array_equal(grads[0], x.grad)
+    assert not np.array_equal(grads[1], x.grad)  # silently wrong without the RNG replay
+
+
+def test_policies_give_reasons_and_save_less_than_no_checkpointing():
+    _, _, plain = gpt_grads(None, dropout=0.0, ledger=True)
+    for policy in (tg.korthikanti_selective, tg.save_matmuls):
+        _, _, led = gpt_grads(policy, dropout=0.0, ledger=True)
+        kept = [e for e in led.events if "[kept:" in e.name]
+        assert kept, "the ledger names what the policy kept, and why"
+        assert led.peak_bytes("activation") < plain.peak_bytes("activation")
+        assert 0 < led.flops("recompute") < 0.3 * plain.flops("forward")
+    decision = tg.korthikanti_selective.decide("softmax", "h.0.attn.softmax")
+    assert not decision.save and "attention core" in decision.reason
+    assert tg.korthikanti_selective.decide("linear", "h.0.mlp.c_fc.linear").save
+
+
+def test_selective_keeps_exactly_what_korthikanti_counts():
+    """Korthikanti's selective recompute keeps everything but the attention core: compared with no
+    checkpointing, the block saves the softmax output and the causal mask less, plus the block input
+    (held by the checkpoint entry) and minus the output projection's input (recomputed by the core)."""
+    B, T, d, H = 2, 16, 16, 2
+    tg.manual_seed(0)
+    block = nn.Block(d, H)
+    x = tg.Tensor(np.random.default_rng(0).standard_normal((B, T, d)).astype(np.float32), requires_grad=True)
+    with tg.Ledger() as plain:
+        y = block(x)
+    del y
+    with tg.Ledger() as sel:
+        y = tg.checkpoint(block, x, policy=tg.korthikanti_selective)
+    del y
+    E = B * T * d * 4
+    softmax_out, causal_mask, scale_constant = B * H * T * T * 4, T * T, 4
+    expected = plain.live_bytes("activation") - softmax_out - causal_mask - scale_constant + E - E
+    assert sel.live_bytes("activation") == expected
+
+
+def test_gpt_checkpoint_switch_rejects_nonsense():
+    with pytest.raises(ValueError, match="checkpoint="):
+        gpt_grads("sometimes")
