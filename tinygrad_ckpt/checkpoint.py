@@ -317,56 +317,43 @@ class Checkpoint(Function):
         return tuple(captured.get(uid) for uid in slots)
 
 
-def _flatten(obj) -> list[Tensor]:
-    if isinstance(obj, Tensor):
-        return [obj]
+def _tree_map(fn, obj, leaf_type=Tensor):
+    """obj with fn applied to every leaf of `leaf_type` inside tuples, lists and dicts."""
+    if isinstance(obj, leaf_type):
+        return fn(obj)
     if isinstance(obj, (tuple, list)):
-        return [t for item in obj for t in _flatten(item)]
+        return type(obj)(_tree_map(fn, item, leaf_type) for item in obj)
     if isinstance(obj, dict):
-        return [t for item in obj.values() for t in _flatten(item)]
-    return []
-
-
-def _structure(obj, tensors: list):
-    """obj with every Tensor replaced by its position in `tensors` (so the entry holds no Tensor)."""
-    if isinstance(obj, Tensor):
-        tensors.append(obj)
-        return _Slot(len(tensors) - 1)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_structure(item, tensors) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _structure(v, tensors) for k, v in obj.items()}
+        return {k: _tree_map(fn, v, leaf_type) for k, v in obj.items()}
     return obj
+
+
+def _flatten(obj) -> list[Tensor]:
+    found: list[Tensor] = []
+    _tree_map(found.append, obj)
+    return found
 
 
 @dataclass(frozen=True)
 class _Slot:
+    """Stands for the n-th tensor argument in the structure a checkpoint entry keeps (no Tensor held)."""
+
     position: int
 
 
-def _fill(obj, tensors):
-    if isinstance(obj, _Slot):
-        return tensors[obj.position]
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_fill(item, tensors) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _fill(v, tensors) for k, v in obj.items()}
-    return obj
+def _structure(obj, tensors: list):
+    """obj with every Tensor replaced by a _Slot, appending the tensors to `tensors`."""
+
+    def slot(t):
+        tensors.append(t)
+        return _Slot(len(tensors) - 1)
+
+    return _tree_map(slot, obj)
 
 
 def _rebuild(structure, tensors):
-    args, kwargs = structure
-    return _fill(args, tensors), _fill(kwargs, tensors)
-
-
-def _replace_outputs(obj, mapping):
-    if isinstance(obj, Tensor):
-        return mapping.get(id(obj), obj)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_replace_outputs(item, mapping) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _replace_outputs(v, mapping) for k, v in obj.items()}
-    return obj
+    args, kwargs = _tree_map(lambda s: tensors[s.position], structure, _Slot)
+    return args, kwargs
 
 
 def checkpoint(fn, *args, preserve_rng_state: bool = True, policy: Policy | None = None,
@@ -435,7 +422,7 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, policy: Policy | None
         tuple(results[id(o)]._uid for o in outputs),
         tuple((t.shape, t.dtype) for t in tensors + implicit), tuple((o.shape, o.dtype) for o in outputs),
     )
-    return _replace_outputs(out, results)
+    return _tree_map(lambda t: results.get(id(t), t), out)
 
 
 # ---- plans over a chain of blocks -------------------------------------------------------------
