@@ -35,6 +35,10 @@ class Backend:
             a = a.base
         return a, a.nbytes
 
+    def owns_data(self, a) -> bool:
+        """True if `a` is a writeable array owning its memory (not a view or a broadcast)."""
+        return a.base is None and a.flags.writeable
+
     def to_numpy(self, a) -> np.ndarray:
         return np.asarray(a)
 
@@ -68,6 +72,9 @@ class CupyBackend(Backend):
     def buffer(self, a):
         mem = a.data.mem  # the pool allocation behind every view of it
         return mem, mem.size
+
+    def owns_data(self, a) -> bool:
+        return a.base is None
 
     def to_numpy(self, a) -> np.ndarray:
         return self._cupy.asnumpy(a)

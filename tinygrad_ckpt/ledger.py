@@ -145,16 +145,17 @@ class Ledger:
         from .tensor import Tensor
 
         for obj in gc.get_objects():
-            if isinstance(obj, Tensor):
+            kind = type(obj)  # type(), not isinstance(): no attribute lookups on foreign objects
+            if issubclass(kind, Tensor):
                 self.track(obj.data, "parameter" if obj.is_parameter else "other", obj.name or "tensor",
                            action="existing")
                 if obj.grad is not None:
                     self.track(obj.grad, "gradient", f"{obj.name or 'tensor'}.grad", action="existing")
-            elif isinstance(obj, Optimizer):
+            elif issubclass(kind, Optimizer):
                 for state in obj.state.values():
                     for k, a in state.items():
                         self.track(a, "optimizer", k, action="existing")
-            elif isinstance(obj, Tape):
+            elif issubclass(kind, Tape):
                 for entry in obj.entries:
                     if not entry.released:
                         self.save(entry.name, entry.ctx.saved, action="existing")

@@ -152,7 +152,16 @@ class Tape:
         return len(self.entries)
 
     def saved_bytes(self) -> int:
-        return sum(e.saved_bytes() for e in self.entries if not e.released)
+        """Bytes all entries hold together; a buffer saved by several entries counts once."""
+        from .backend import current
+
+        owners = {}
+        for entry in self.entries:
+            for a in entry.ctx.saved.values():
+                if current().is_array(a):
+                    owner, nbytes = current().buffer(a)
+                    owners[id(owner)] = nbytes
+        return sum(owners.values())
 
     def record(self, fn, op, name, ctx, inputs, outputs, in_meta, out_meta) -> TapeEntry:
         entry = TapeEntry(len(self.entries), op, name, fn, ctx, inputs, outputs, in_meta, out_meta)
@@ -180,6 +189,7 @@ class Tape:
 
         grads = dict(grads)
         owned: set[int] = set()  # slots whose gradient array we allocated (safe to add in place)
+        handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
         captured: dict[int, object] = {}
         capture = set(capture)
         led = ledger.current()
@@ -219,7 +229,8 @@ class Tape:
                 elif slot in self.leaves:
                     leaf = self.leaves[slot]()
                     if leaf is not None:
-                        accumulate_grad(leaf, g)
+                        accumulate_grad(leaf, g, shared=id(g) in handed)
+                        handed.add(id(g))
                 elif slot in grads:
                     if slot in owned:
                         grads[slot] += g
@@ -230,7 +241,7 @@ class Tape:
                     grads[slot] = g
             g = grad_ins = None  # drop our references now, so consumed gradients free at once
         if not retain_graph:
-            self.release()
+            self.closed = True  # new ops go to a new tape; entries backward did not reach stay usable
         return captured
 
 

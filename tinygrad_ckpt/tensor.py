@@ -95,12 +95,6 @@ class Tensor:
         if self._tape is None:
             accumulate_grad(self, grad)
             return
-        if self._tape.closed:
-            raise RuntimeError(
-                "backward() through a tape that was already consumed by an earlier backward(): its saved "
-                "arrays are released. Run the forward pass again, or pass retain_graph=True to the first "
-                "backward() if you need two backward passes through one graph."
-            )
         for _ in self._tape.backward_steps({self._uid: grad}, retain_graph=retain_graph):
             pass
 
@@ -260,10 +254,12 @@ class Parameter(Tensor):
         super().__init__(data, requires_grad=True, name=name)
 
 
-def accumulate_grad(leaf: Tensor, g) -> None:
-    """leaf.grad += g, without aliasing: the first gradient may be shared, so copy before adding."""
+def accumulate_grad(leaf: Tensor, g, shared: bool = False) -> None:
+    """leaf.grad += g without aliasing. A gradient that is shared (handed to another leaf too, or
+    a view of someone else's buffer) is copied before it becomes `.grad`; the first sum into
+    `.grad` allocates, later ones add in place."""
     if leaf._grad is None:
-        leaf.grad = g
+        leaf.grad = g.copy() if shared or not backend.current().owns_data(g) else g
     elif leaf._grad_owned:
         leaf._grad += g
     else:

@@ -171,10 +171,12 @@ class MaskedFill(Function):
     @staticmethod
     def forward(ctx, x, mask, value: float):
         broadcast_shape("masked_fill", x.shape, mask.shape)
+        ctx.x_shape = x.shape
         ctx.save(mask=mask)
         ctx.flops = (numel(x.shape), numel(x.shape))
         return xp().where(mask, xp().asarray(value, dtype=x.dtype), x)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return xp().where(ctx.saved["mask"], xp().zeros((), dtype=grad_out.dtype), grad_out), None
+        grad = xp().where(ctx.saved["mask"], xp().zeros((), dtype=grad_out.dtype), grad_out)
+        return unbroadcast(grad, ctx.x_shape), None
