@@ -77,9 +77,9 @@ def test_simple_chain_tape_bytes_equal_declared_saves(rng):
     y = F.log_softmax(F.gelu(x.exp() * 2.0))
     tape = y._tape
     by_buffer = {id(owner(a)): owner_nbytes(a) for _, a in _declared_saves(tape)}
-    # exp keeps its output (160 B), mul keeps the 0-d constant 2.0 (8 B), gelu its input (160 B),
+    # exp keeps its output (160 B), `* 2.0` (a Scale op) keeps nothing, gelu its input (160 B),
     # log_softmax its output (160 B)
-    assert sum(by_buffer.values()) == 160 + 8 + 160 + 160
+    assert sum(by_buffer.values()) == 160 + 160 + 160
     assert tape.saved_bytes() == sum(by_buffer.values())
 
 
@@ -241,7 +241,7 @@ def test_backward_steps_visit_entries_in_reverse(rng):
         y = F.softmax(F.gelu(x) * 2.0).sum()
     names = [e.name for e in y._tape.entries]
     visited = [e.name for e in y.backward_steps()]
-    assert visited == names[::-1] == ["blk.sum", "blk.softmax", "blk.mul", "blk.gelu"]
+    assert visited == names[::-1] == ["blk.sum", "blk.softmax", "blk.scale", "blk.gelu"]
     assert x.grad is not None and y._tape.closed
 
 

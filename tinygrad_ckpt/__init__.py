@@ -5,18 +5,22 @@ activation checkpointing buys it back.
     from tinygrad_ckpt import nn, optim, functional as F
 """
 
-from . import debug
+from . import debug, functional, nn, optim  # noqa: E402,I001  (after Tensor)
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
+from .checkpoint import (  # noqa: E402
+    CheckpointError,
+    Decision,
+    Policy,
+    checkpoint,
+    checkpoint_sequential,
+    korthikanti_selective,
+    save_matmuls,
+    save_nothing,
+)
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
 from .tape import Tape, TapeEntry, name_scope, no_grad
 from .tensor import Parameter, Tensor
-
-from . import functional, nn, optim  # noqa: E402,I001  (after Tensor)
-from .checkpoint import (  # noqa: E402
-    CheckpointError, Decision, Policy, checkpoint, checkpoint_sequential, korthikanti_selective, save_matmuls,
-    save_nothing,
-)
 
 detect_anomaly = debug.detect_anomaly
 

@@ -78,18 +78,17 @@ class SaveMatmuls(Policy):
 class KorthikantiSelective(Policy):
     """Korthikanti et al. 2022: recompute only the attention core (scores, scale, mask, softmax,
     attention dropout, attention-weighted values), whose [B, H, T, T] tensors are large but cheap
-    to recompute; keep everything else."""
+    to recompute; keep everything else. The core is every op run directly in an `attn` module
+    (not in its c_attn / c_proj / resid_dropout children)."""
 
     name = "korthikanti_selective"
-    core = {"matmul", "mul", "masked_fill", "softmax"}
 
     def decide(self, op, name):
         parts = name.split(".")
-        in_attention = "attn" in parts
-        if in_attention and (op in self.core or "attn_dropout" in parts):
-            return Decision(False, "attention core: O(T²) bytes, cheap to recompute")
         if op in _VIEWS:
             return Decision(False, "view: free to recompute")
+        if len(parts) >= 2 and parts[-2] == "attn":
+            return Decision(False, "attention core: O(T²) bytes, cheap to recompute")
         return Decision(True, "outside the attention core: keep")
 
 

@@ -114,7 +114,7 @@ class Ledger:
         self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
         self._next_buffer = 0
         self._phase_stack: list[str] = []
-        self._in_backward = False
+        self._backward_depth = 0  # >0 while a backward pass (or a replay's inner one) runs
         self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
         self._t0 = time.perf_counter()
         self._op_t0 = 0.0
@@ -174,7 +174,7 @@ class Ledger:
     def current_phase(self) -> str:
         if self._phase_stack:
             return self._phase_stack[-1]
-        return "backward" if self._in_backward else "forward"
+        return "backward" if self._backward_depth else "forward"
 
     # ---- recording -----------------------------------------------------------------------
     def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
@@ -282,8 +282,6 @@ class Ledger:
 
     def forward_op(self, kind: str, name: str, ctx, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
-        if not self._phase_stack:
-            self._in_backward = False
         phase = self.current_phase
         transient = 0
         if self.trace_numpy and tracemalloc.is_tracing():
@@ -301,8 +299,16 @@ class Ledger:
             self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
         self._check_capacity(name)
 
+    @contextlib.contextmanager
+    def backward_pass(self):
+        """Marks a backward pass: events inside belong to phase "backward" unless a phase is pushed."""
+        self._backward_depth += 1
+        try:
+            yield
+        finally:
+            self._backward_depth -= 1
+
     def begin_backward(self, entry) -> None:
-        self._in_backward = True
         self._op_t0 = time.perf_counter()
         be = backend.current()
         for a in entry.ctx.saved.values():
@@ -339,7 +345,7 @@ class Ledger:
         holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
         by_cat = ", ".join(f"{c} {_fmt(self.live[c])}" for c in CATEGORIES if self.live[c])
         biggest = "; ".join(f"{b.name} ({b.category}, {_fmt(b.nbytes)})" for b in holders)
-        if tape is not None and not self._in_backward:
+        if tape is not None and not self._backward_depth:
             tape.release()  # the half-finished forward is dropped: nothing half-recorded stays
         raise OutOfMemoryError(
             f"out of memory in '{name}' ({self.current_phase}): the engine would hold {_fmt(total)} "

@@ -185,64 +185,77 @@ class Tape:
         Gradients reaching leaf tensors accumulate into their `.grad`; gradients for the slots in
         `capture` are collected instead and available as the generator's return value.
         """
-        from .tensor import accumulate_grad  # tensor imports tape; keep the cycle lazy
-
-        grads = dict(grads)
-        owned: set[int] = set()  # slots whose gradient array we allocated (safe to add in place)
-        handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
-        captured: dict[int, object] = {}
-        capture = set(capture)
         led = ledger.current()
-        for entry in reversed(self.entries):
-            grad_outs = [grads.pop(slot, None) for slot in entry.outputs]
-            if all(g is None for g in grad_outs):
-                continue
-            if entry.released:
-                raise RuntimeError(
-                    f"backward reached tape entry #{entry.index} '{entry.name}' whose saved arrays were "
-                    "already released by an earlier backward(). Run the forward pass again, or pass "
-                    "retain_graph=True to the first backward() if you need to go through the graph twice."
-                )
-            grad_outs = [
-                g if g is not None else _zeros(meta) for g, meta in zip(grad_outs, entry.out_meta)
-            ]
-            if led is not None:
-                led.begin_backward(entry)
-            yield entry
-            if debug.should_break(entry):
-                debug.enter_debugger(entry)
-            grad_ins = entry.fn.backward(entry.ctx, *grad_outs)
-            if not isinstance(grad_ins, tuple):
-                grad_ins = (grad_ins,)
-            del grad_outs
-            debug.check_backward(entry, grad_ins)
-            if not retain_graph:
-                entry.release()
-            if led is not None:
-                led.end_backward(entry, grad_ins)
-            for slot, g in zip(entry.inputs, grad_ins):
-                if slot is None or g is None:
-                    continue
-                if slot in capture:
-                    previous = captured.get(slot)
-                    captured[slot] = g if previous is None else _summed(previous, g, led, entry)
-                elif slot in self.leaves:
-                    leaf = self.leaves[slot]()
-                    if leaf is not None:
-                        accumulate_grad(leaf, g, shared=id(g) in handed)
-                        handed.add(id(g))
-                elif slot in grads:
-                    if slot in owned:
-                        grads[slot] += g
-                    else:
-                        grads[slot] = _summed(grads[slot], g, led, entry)
-                        owned.add(slot)
-                else:
-                    grads[slot] = g
-            g = grad_ins = None  # drop our references now, so consumed gradients free at once
+        store = _Gradients(grads, self.leaves, capture, led)
+        with led.backward_pass() if led is not None else contextlib.nullcontext():
+            for entry in reversed(self.entries):
+                grad_outs = [store.pop(slot) for slot in entry.outputs]
+                if all(g is None for g in grad_outs):
+                    continue  # nothing flows through this entry
+                if entry.released:
+                    raise RuntimeError(
+                        f"backward reached tape entry #{entry.index} '{entry.name}' whose saved arrays were "
+                        "already released by an earlier backward(). Run the forward pass again, or pass "
+                        "retain_graph=True to the first backward() if you need to go through the graph twice."
+                    )
+                grad_outs = [g if g is not None else _zeros(m) for g, m in zip(grad_outs, entry.out_meta)]
+                if led is not None:
+                    led.begin_backward(entry)
+                yield entry
+                if debug.should_break(entry):
+                    debug.enter_debugger(entry)
+                grad_ins = entry.fn.backward(entry.ctx, *grad_outs)
+                grad_ins = grad_ins if isinstance(grad_ins, tuple) else (grad_ins,)
+                del grad_outs
+                debug.check_backward(entry, grad_ins)
+                if not retain_graph:
+                    entry.release()
+                if led is not None:
+                    led.end_backward(entry, grad_ins)
+                for slot, g in zip(entry.inputs, grad_ins):
+                    if slot is not None and g is not None:
+                        store.add(slot, g, entry)
+                grad_ins = None  # drop our references now, so consumed gradients free at once
         if not retain_graph:
             self.closed = True  # new ops go to a new tape; entries backward did not reach stay usable
-        return captured
+        return store.captured
+
+
+class _Gradients:
+    """Where gradients wait during backward: by slot, into leaves' .grad, or captured for a caller.
+
+    The first gradient into a slot may be an array someone else also holds (add passes grad_out
+    to both inputs), so it is never added into; the first sum allocates, later sums add in place.
+    """
+
+    def __init__(self, grads, leaves, capture, led):
+        self.pending = dict(grads)
+        self.leaves, self.capture, self.led = leaves, set(capture), led
+        self.owned: set[int] = set()  # slots whose array we allocated (safe to add into)
+        self.handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
+        self.captured: dict[int, object] = {}
+
+    def pop(self, slot):
+        return self.pending.pop(slot, None)
+
+    def add(self, slot, g, entry) -> None:
+        from .tensor import accumulate_grad  # tensor imports tape; keep the cycle lazy
+
+        if slot in self.capture:
+            previous = self.captured.get(slot)
+            self.captured[slot] = g if previous is None else _summed(previous, g, self.led, entry)
+        elif slot in self.leaves:
+            leaf = self.leaves[slot]()
+            if leaf is not None:
+                accumulate_grad(leaf, g, shared=id(g) in self.handed)
+                self.handed.add(id(g))
+        elif slot not in self.pending:
+            self.pending[slot] = g
+        elif slot in self.owned:
+            self.pending[slot] += g
+        else:
+            self.pending[slot] = _summed(self.pending[slot], g, self.led, entry)
+            self.owned.add(slot)
 
 
 def _summed(a, b, led, entry):

@@ -7,14 +7,14 @@ float32 when x is float32.
 from __future__ import annotations
 
 from ._util import constant, unbroadcast
-from .elementwise import Add, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Sub, Tanh
+from .elementwise import Add, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Scale, Sub, Tanh
 from .linalg import Linear, MatMul
 from .movement import Embedding, GetItem, Permute, Reshape, Swapaxes
 from .nn import GELU, CrossEntropy, Dropout, LayerNorm, LogSoftmax, Softmax
 from .reduce import Max, Mean, Sum
 
 __all__ = [
-    "Add", "Sub", "Mul", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "MaskedFill", "MatMul", "Linear",
+    "Add", "Sub", "Mul", "Scale", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "MaskedFill", "MatMul", "Linear",
     "Reshape", "Permute", "Swapaxes", "GetItem", "Embedding", "GELU", "Softmax", "LogSoftmax",
     "CrossEntropy", "LayerNorm", "Dropout", "Sum", "Mean", "Max", "unbroadcast",
 ]
@@ -40,7 +40,14 @@ def sub(a, b):
 
 
 def mul(a, b):
-    return Mul.apply(*_pair(a, b))
+    """a * b; a Python number on either side becomes a Scale op, which saves nothing."""
+    from ..tensor import Tensor
+
+    if isinstance(b, (int, float)) and isinstance(a, Tensor):
+        return Scale.apply(a, factor=b)
+    if isinstance(a, (int, float)) and isinstance(b, Tensor):
+        return Scale.apply(b, factor=a)
+    return Mul.apply(a, b)
 
 
 def div(a, b):

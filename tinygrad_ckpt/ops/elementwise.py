@@ -44,6 +44,20 @@ class Sub(Function):
         return unbroadcast(grad_out, a_shape), gb
 
 
+class Scale(Function):
+    """out = x · c for a Python number c. Saves nothing: dL/dx = g · c (c is a plain attribute)."""
+
+    @staticmethod
+    def forward(ctx, x, factor: float):
+        ctx.factor = factor
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return x * xp().asarray(factor, dtype=x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out * xp().asarray(ctx.factor, dtype=grad_out.dtype)
+
+
 class Mul(Function):
     """out = a * b. Saves b if a needs a gradient (dL/da = g·b) and a if b does (dL/db = g·a)."""
 
