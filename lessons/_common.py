@@ -1,0 +1,105 @@
+"""Helpers shared by the lessons: the command line, a seeded token batch, one measured training step,
+and small printing aids. Lessons import it as `import _common` (their own folder is on sys.path when
+run as scripts; tinygrad_ckpt.figures puts it there when it loads them)."""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+
+# The lessons multiply small matrices, where BLAS threads only add overhead (and on a busy 2-core
+# machine their spin-waiting made lesson 1 twice as slow). This takes effect when a lesson runs as a
+# script (it imports this module before NumPy); export the variable to choose otherwise.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+import tinygrad_ckpt as tg  # noqa: E402
+from tinygrad_ckpt import nn, optim  # noqa: E402
+from tinygrad_ckpt.plots import format_bytes  # noqa: E402
+
+__all__ = ["cli", "fresh", "token_batch", "make_gpt", "measured_step", "heading", "table", "fig_path",
+           "format_bytes"]
+
+
+def cli(main, doc: str | None = None) -> None:
+    """`python lessons/NN_slug.py [--quick] [--out DIR]` -> main(quick=..., out=...)."""
+    first_line = (doc or "").strip().splitlines()[0] if doc else None
+    parser = argparse.ArgumentParser(description=first_line)
+    parser.add_argument("--quick", action="store_true", help="small sizes: runs in seconds")
+    parser.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
+    args = parser.parse_args()
+    main(quick=args.quick, out=args.out)
+
+
+def fresh() -> None:
+    """Drop graphs left over from earlier measurements, so the next ledger starts clean.
+
+    (A forward pass appends to the tape of any graph still alive, and a Ledger counts whatever
+    tapes exist when it starts; so lessons drop their results and collect before measuring.)
+    """
+    gc.collect()
+
+
+def token_batch(vocab: int, batch: int, seq_len: int, seed: int = 0):
+    """(idx, targets): int64 arrays [batch, seq_len] of random token ids, from a seeded generator."""
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, vocab, (batch, seq_len))
+    return idx, rng.integers(0, vocab, (batch, seq_len))
+
+
+def make_gpt(vocab: int, block_size: int, n_layer: int, n_head: int, d_model: int, seed: int = 0, **kw):
+    """A freshly initialised nn.GPT, seeded (same seed, same weights)."""
+    tg.manual_seed(seed)
+    return nn.GPT(vocab, block_size, n_layer, n_head, d_model, **kw)
+
+
+def measured_step(model, idx, targets, warmup: bool = True, lr: float = 1e-3):
+    """Run one full AdamW training step (forward, backward, optimizer step, zero_grad) under a Ledger.
+
+    With warmup, one step runs first without the ledger, so AdamW's moments exist (they are
+    allocated lazily on the first step) and the measured step is the steady state of training.
+    Returns (ledger, loss value).
+    """
+    opt = optim.AdamW(model.parameters(), lr=lr)
+    if warmup:
+        logits, loss = model(idx, targets)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        del logits, loss  # nothing of the warm-up graph may be alive when the ledger starts
+    with tg.Ledger() as led:
+        logits, loss = model(idx, targets)
+        loss.backward()
+        with led.phase("optimizer"):  # zero_grad frees the gradients: part of the optimizer's turn
+            opt.step()
+            opt.zero_grad()
+    value = loss.item()
+    del logits, loss
+    return led, value
+
+
+def heading(text: str) -> None:
+    print()
+    print(text)
+    print("-" * len(text))
+
+
+def table(rows, headers, aligns=None) -> str:
+    """A plain fixed-width text table (first column left-aligned, the rest right-aligned)."""
+    cells = [[str(h) for h in headers]] + [[str(c) for c in row] for row in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    aligns = aligns or ["<"] + [">"] * (len(headers) - 1)
+    lines = []
+    for k, r in enumerate(cells):
+        lines.append("  ".join(f"{c:{a}{w}}" for c, a, w in zip(r, aligns, widths)).rstrip())
+        if k == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def fig_path(out: str, name: str) -> str:
+    """{out}/{name}, with the folder created."""
+    os.makedirs(out, exist_ok=True)
+    return os.path.join(out, name)
