@@ -306,6 +306,8 @@ def _auto_granularity(costs: list[LayerCost], budget_bytes: int, max_depth: int 
     """Exact units (gcd of all sizes) if the budget holds at most TARGET_BUDGET_UNITS of them, else a
     coarser multiple, refined until the rounded-up chain still has a plan inside the budget."""
     exact = math.gcd(*(c.saved_bytes for c in costs), *(c.input_bytes for c in costs)) or 1
+    if len(set(costs)) == 1:
+        return exact  # identical layers: equal sub-chains are solved once, so exact units stay fast
     factor = max(1, math.ceil(budget_bytes / exact / TARGET_BUDGET_UNITS))
     while factor > 1:
         unit = exact * factor
