@@ -293,7 +293,9 @@ class GPT(Module):
         self.vocab_size, self.block_size, self.checkpoint = vocab_size, block_size, checkpoint
 
     def forward(self, idx, targets=None):
+        be = backend.current()
         idx = idx.data if isinstance(idx, Tensor) else idx
+        idx = idx if be.is_array(idx) else be.asarray(idx)  # NumPy ids work on any backend
         B, T = idx.shape
         if T > self.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
@@ -306,6 +308,7 @@ class GPT(Module):
             return self.lm_head(x[:, T - 1:, :]), None
         logits = self.lm_head(x)  # [B, T, vocab]
         targets = targets.data if isinstance(targets, Tensor) else targets
+        targets = targets if be.is_array(targets) else be.asarray(targets)
         loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
         return logits, loss
 

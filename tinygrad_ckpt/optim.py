@@ -10,9 +10,10 @@ from .backend import xp
 
 
 class Optimizer:
-    def __init__(self, params, lr: float):
+    def __init__(self, params, lr: float, state_dtype=None):
         self.params = [p for p in params]
         self.lr = lr
+        self.state_dtype = state_dtype  # None: the parameter's dtype (as PyTorch); e.g. np.float32 for fp16 params
         self.state: dict[int, dict] = {}
         self.step_count = 0
 
@@ -25,7 +26,7 @@ class Optimizer:
         """The state arrays of parameter p, created as zeros on first use."""
         st = self.state.get(id(p))
         if st is None:
-            st = {k: xp().zeros(p.shape, dtype=p.dtype) for k in names}
+            st = {k: xp().zeros(p.shape, dtype=self.state_dtype or p.dtype) for k in names}
             led = ledger.current()
             if led is not None:
                 for k, a in st.items():
@@ -48,8 +49,9 @@ class Optimizer:
 class SGD(Optimizer):
     """v ← μ·v + g (+ λ·w);  w ← w - lr·v.  One state (the velocity) when momentum > 0."""
 
-    def __init__(self, params, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0):
-        super().__init__(params, lr)
+    def __init__(self, params, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
+                 state_dtype=None):
+        super().__init__(params, lr, state_dtype)
         self.momentum, self.weight_decay = momentum, weight_decay
 
     def update(self, p, g) -> None:
@@ -66,11 +68,12 @@ class SGD(Optimizer):
 class AdamW(Optimizer):
     """Adam with decoupled weight decay (Loshchilov & Hutter):
     m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;  w ← w - lr·(m̂/(√v̂ + eps) + λ·w),
-    with m̂ = m/(1-β1ᵗ), v̂ = v/(1-β2ᵗ). Two states per parameter, in the parameter's dtype."""
+    with m̂ = m/(1-β1ᵗ), v̂ = v/(1-β2ᵗ). Two states per parameter, in the parameter's dtype unless
+    `state_dtype` says otherwise (float32 states for float16 parameters, as mixed precision keeps them)."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01):
-        super().__init__(params, lr)
+                 weight_decay: float = 0.01, state_dtype=None):
+        super().__init__(params, lr, state_dtype)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
 
     def update(self, p, g) -> None:

@@ -23,8 +23,8 @@ def _as_array(data, dtype):
     if be.is_array(data):
         return data if dtype is None or data.dtype == dtype else data.astype(dtype)
     if dtype is None and not isinstance(data, np.ndarray):
-        arr = np.asarray(data)
-        dtype = np.float32 if arr.dtype == np.float64 else arr.dtype
+        found = data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype
+        dtype = np.float32 if found == np.float64 else found
     return be.asarray(data, dtype=dtype)
 
 

@@ -1,0 +1,106 @@
+"""The `tinygrad-ckpt` command: `estimate` measures a training step on the meta backend, `figures`
+delegates to tinygrad_ckpt.figures, `--help` lists both."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import types
+
+import pytest
+
+import tinygrad_ckpt as tg
+from tinygrad_ckpt import backend, cli
+from tinygrad_ckpt import estimate as est
+
+SMALL = ["estimate", "--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "2",
+         "--vocab", "50", "--dtype", "float32"]
+
+
+def test_help_lists_subcommands(capsys):
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--help"])
+    assert done.value.code == 0
+    out = capsys.readouterr().out
+    assert "figures" in out and "estimate" in out
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--help"])
+    assert "--checkpoint" in capsys.readouterr().out
+
+
+def test_no_subcommand_prints_help(capsys):
+    assert cli.main([]) == 0
+    assert "estimate" in capsys.readouterr().out
+
+
+def test_estimate_small_config_prints_every_category(capsys):
+    assert cli.main(SMALL + ["--capacity", "1GB"]) == 0
+    out = capsys.readouterr().out
+    for word in ("parameters", "gradients", "optimizer states", "activations", "total peak", "forward",
+                 "backward", "recompute", "12·B·T·d", "sbh(34+5as/h)", "engine", "fits"):
+        assert word in out, word
+    assert backend.current().name == "numpy"  # the previous backend is restored
+
+
+def test_estimate_measures_what_the_formulas_say():
+    """No checkpointing, no dropout: the ledger's per-block saves equal the engine's own formula (plus the
+    attention's 0-d scale constant), and the parameter peak is exactly params × bytes."""
+    shape = est.GPTShape(n_layer=2, d_model=32, n_head=4, seq_len=16, batch=2, vocab_size=50, dtype="float32")
+    m = cli.measure(shape, "adamw", "none")
+    assert m.n_params == est.gpt_parameter_count(shape)
+    assert m.ledger.peak_bytes("parameter") == 4 * m.n_params
+    assert m.ledger.peak_bytes("optimizer") == 2 * 4 * m.n_params
+    assert 0 <= m.per_layer_saved - est.engine_activation_bytes_per_layer(shape) <= 4
+    assert m.ledger.flops("forward") > est.gpt_forward_flops(shape)
+
+
+@pytest.mark.parametrize("checkpoint", ["every_layer", "sqrt", "selective", "2"])
+def test_estimate_with_checkpointing_recomputes_and_saves_less(checkpoint, capsys):
+    shape = est.GPTShape(n_layer=4, d_model=32, n_head=4, seq_len=16, batch=2, vocab_size=50, dtype="float16")
+    plain = cli.measure(shape, "sgd", "none")
+    ckpt = cli.measure(shape, "sgd", cli._checkpoint(checkpoint))
+    assert ckpt.ledger.flops("recompute") > 0
+    assert ckpt.ledger.peak_bytes("activation") < plain.ledger.peak_bytes("activation")
+    assert cli.main(SMALL + ["--checkpoint", checkpoint, "--optimizer", "none"]) == 0
+    assert "recompute" in capsys.readouterr().out
+
+
+def test_capacity_verdict(capsys):
+    cli.main(SMALL + ["--capacity", "1000"])
+    assert "does NOT fit" in capsys.readouterr().out
+    cli.main(SMALL + ["--capacity", "none"])
+    assert "capacity" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("40e9", 40 * 10**9), ("512 MiB", 512 * 2**20),
+    ("1.5gb", 1_500_000_000), ("123", 123),
+])
+def test_parse_size(text, expected):
+    assert cli.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["80XB", "lots", ""])
+def test_parse_size_rejects(bad):
+    with pytest.raises(argparse.ArgumentTypeError):
+        cli.parse_size(bad)
+
+
+def test_bad_arguments_exit_with_usage(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--checkpoint", "sometimes"])
+    with pytest.raises(SystemExit):
+        cli.main(["estimate", "--d-model", "30", "--heads", "4"])  # not divisible
+    assert "divisible" in capsys.readouterr().err
+
+
+def test_figures_delegates(monkeypatch):
+    calls = []
+    fake = types.ModuleType("tinygrad_ckpt.figures")
+    fake.run = lambda **kwargs: calls.append(kwargs)
+    monkeypatch.setitem(sys.modules, "tinygrad_ckpt.figures", fake)
+    monkeypatch.setattr(tg, "figures", fake, raising=False)
+    assert cli.main(["figures", "--quick", "--only", "03", "--out", "x"]) == 0
+    assert calls == [{"quick": True, "only": "03", "out": "x"}]
+    assert cli.main(["figures"]) == 0
+    assert calls[-1] == {"quick": False, "only": None, "out": None}

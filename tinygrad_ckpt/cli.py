@@ -1,0 +1,272 @@
+"""The `tinygrad-ckpt` command.
+
+    tinygrad-ckpt estimate                      # the seed's 7B GPT: 32 layers, d 4096, T 2048, B 4, fp16
+    tinygrad-ckpt estimate --checkpoint sqrt --capacity 80GiB
+    tinygrad-ckpt figures --quick [--only 03] [--out figures/]
+
+`estimate` builds the GPT on the meta backend (shapes only, no data), runs a first training step
+(which creates the optimizer states, float32 for AdamW as the seed assumes), then measures a second,
+steady-state step (forward, backward, optimizer step) under a ledger, and prints what the ledger measured next to the
+analytic formulas of tinygrad_ckpt/estimate.py: the seed's 12·B·T·d per layer, Korthikanti et al.'s
+sbh(34 + 5as/h), and the engine's own per-layer count. It takes seconds and a few tens of MB for a
+7B model, because no array has data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import estimate as est
+
+_DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
+           "float": "float32", "single": "float32", "float64": "float64", "fp64": "float64", "double": "float64"}
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from '80GB' (10^9), '80GiB' (2^30), '40e9', '512 MiB' or a plain number."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(
+            f"cannot read {text!r} as a size: use a number of bytes with an optional unit, e.g. 80GB, 80GiB, 40e9"
+        )
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def _dtype(text: str) -> str:
+    try:
+        return _DTYPES[text.lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(
+            f"unsupported dtype {text!r}: choose float16, float32 or float64 (NumPy has no bfloat16)"
+        ) from None
+
+
+def _checkpoint(text: str):
+    if text in ("none", "every_layer", "sqrt", "selective"):
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(
+        f"unknown checkpoint {text!r}: choose none, every_layer, sqrt, selective or a number of segments"
+    )
+
+
+# ---- one measured training step ------------------------------------------------------------------
+@dataclass
+class Measurement:
+    """What one meta training step measured: the ledger, the wall time and the parameter count."""
+
+    shape: est.GPTShape
+    optimizer: str
+    checkpoint: object
+    ledger: object
+    seconds: float
+    n_params: int
+
+    @property
+    def per_layer_saved(self) -> int:
+        """Bytes saved for backward per block (mean over blocks h.0 .. h.{L-1}; recomputed saves included)."""
+        by_block = {k: v for k, v in self.ledger.saved_breakdown(by="module", depth=2).items()
+                    if re.fullmatch(r"h\.\d+", k)}
+        return round(statistics.mean(by_block.values())) if by_block else 0
+
+
+def measure(shape: est.GPTShape, optimizer: str = "adamw", checkpoint="none") -> Measurement:
+    """Build shape's GPT on the meta backend and run forward, backward and an optimizer step under a Ledger."""
+    import tinygrad_ckpt as tg
+    from tinygrad_ckpt import backend, nn, optim
+
+    spec = None if checkpoint == "none" else checkpoint
+    if checkpoint == "selective":
+        from tinygrad_ckpt.checkpoint import korthikanti_selective as spec
+    previous = backend.current().name
+    tg.use_backend("meta")
+    try:
+        tg.manual_seed(0)
+        t0 = time.perf_counter()
+        model = nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
+                       dropout=shape.dropout, checkpoint=spec)
+        if shape.dtype != "float32":
+            model.to(np.dtype(shape.dtype))
+        params = model.parameters()
+        opt = {"adamw": lambda: optim.AdamW(params, state_dtype=np.float32), "sgd": lambda: optim.SGD(params, lr=0.1),
+               "none": lambda: None}[optimizer]()
+        xp = backend.xp()
+        idx = xp.zeros((shape.batch, shape.seq_len), dtype=np.int64)
+
+        def step():
+            _, loss = model(idx, idx)
+            loss.backward()
+            if opt is not None:
+                opt.step()
+            return loss
+
+        if opt is not None:  # a first step creates the optimizer states, as in any training loop
+            step()
+            opt.zero_grad()
+        with tg.Ledger() as led:  # the steady-state step: states exist from its first op
+            step()
+        seconds = time.perf_counter() - t0
+        return Measurement(shape, optimizer, checkpoint, led, seconds, model.num_parameters())
+    finally:
+        tg.use_backend(previous)
+
+
+# ---- the report ----------------------------------------------------------------------------------
+def _b(n: float) -> str:
+    return f"{est.format_bytes(n)} ({est.format_bytes(n, decimal=True)})"
+
+
+def _row(label: str, measured: str = "", formula: str = "", note: str = "") -> str:
+    return f"  {label:<34}{measured:<24}{formula:<24}{note}".rstrip()
+
+
+def _activation_formula(m: Measurement) -> tuple[int, str]:
+    """The activation peak the formulas predict for this checkpoint choice, and where it comes from."""
+    s = m.shape
+    L, engine_layer, layer_input = s.n_layer, est.engine_activation_bytes_per_layer(s), (
+        s.batch * s.seq_len * s.d_model * s.value_bytes)
+    if m.checkpoint == "none":
+        return L * engine_layer, "layers × engine per-layer count"
+    if m.checkpoint == "every_layer":
+        return L * layer_input + engine_layer, "layers × block input + one block replayed"
+    if m.checkpoint == "selective":
+        terms = est.engine_activation_terms(s)
+        core = sum(v for k, v in terms.items() if k == "attn.softmax_out" or "attn_dropout" in k)
+        return L * (engine_layer - core), "layers × engine count without its [B,H,T,T] terms"
+    segments = est.chen_optimal_segments(L, 1, 1) if m.checkpoint == "sqrt" else m.checkpoint
+    return (est.chen_sqrt_peak(L, layer_input, engine_layer, segments),
+            f"Chen 2016: {segments} segment inputs + {-(-L // segments)} blocks replayed")
+
+
+def report(m: Measurement, capacity: int | None) -> str:
+    """The measured breakdown beside the formulas, as printed by `tinygrad-ckpt estimate`."""
+    s, led, P = m.shape, m.ledger, m.n_params
+    B, T, d, H, L, v = s.batch, s.seq_len, s.d_model, s.n_head, s.n_layer, s.value_bytes
+    engine_layer = est.engine_activation_bytes_per_layer(s)
+    seed_layer = est.seed_activation_bytes_per_layer(B, T, d, v)
+    k22_layer = est.korthikanti_bytes_per_layer(T, B, d, H, bytes_per_value=v)
+    act_formula, act_source = _activation_formula(m)
+    recompute = {"none": "none", "selective": "selective"}.get(m.checkpoint, "full")
+    fwd = est.gpt_forward_flops(s)
+    opt_note = {
+        "adamw": "m and v kept in float32 (the seed: Adam states at 32-bit precision)",
+        "sgd": "plain SGD keeps no state", "none": "no optimizer step",
+    }[m.optimizer]
+    lines = [
+        f"GPT: {L} layers, d_model {d}, {H} heads, seq {T}, batch {B}, vocab {s.vocab_size}, {s.dtype}, "
+        f"dropout {s.dropout}; optimizer {m.optimizer}; checkpoint {m.checkpoint}",
+        f"one steady-state training step (forward, backward, optimizer step; optimizer states already exist) "
+        f"measured on the meta backend (shapes only, "
+        f"no data) in {m.seconds:.2f} s; {len(led.events)} ledger events",
+        f"parameters: {P:,} ({P / 1e9:.2f} B; formula {est.gpt_parameter_count(s):,})",
+        "",
+        "memory (peak of each category)      measured by the ledger  formula",
+        _row("parameters", _b(led.peak_bytes("parameter")), _b(P * v), f"params × {v} B"),
+        _row("gradients", _b(led.peak_bytes("gradient")), _b(P * v),
+             "formula: parameter gradients; measured: also those in flight"),
+        _row("optimizer states", _b(led.peak_bytes("optimizer")),
+             _b({"adamw": 2 * P * 4}.get(m.optimizer, 0)), opt_note),
+        _row("activations (saved for backward)", _b(led.peak_bytes("activation")), _b(act_formula), act_source),
+        _row("other (live outputs and inputs)", _b(led.peak_bytes("other"))),
+        _row("total peak", _b(led.peak_bytes())),
+        "",
+        "activations saved per block          bytes                   × layers",
+        _row("measured (ledger, mean of h.i)", f"{m.per_layer_saved:,}", est.format_bytes(L * m.per_layer_saved),
+             {"none": "", "selective": "kept in forward + saved by the replays"}.get(
+                 m.checkpoint, "saved by the replays, in backward")),
+        _row("engine (engine_activation_terms)", f"{engine_layer:,}", est.format_bytes(L * engine_layer)),
+        _row("seed: 12·B·T·d·bytes", f"{seed_layer:,}", est.format_bytes(L * seed_layer)),
+        _row("Korthikanti 2022: sbh(34+5as/h)", f"{k22_layer:,}", est.format_bytes(L * k22_layer),
+             f"at {v} B per value, 1 B per dropout-mask element"),
+        _row("Korthikanti selective / full", f"{est.korthikanti_selective_bytes(T, B, d, v):,}",
+             est.format_bytes(L * est.korthikanti_selective_bytes(T, B, d, v)),
+             f"full recompute: {est.format_bytes(L * est.korthikanti_full_recompute_bytes(T, B, d, v))}"),
+        "",
+        "FLOPs                               measured (every op)     formula (matmuls only)",
+        _row("forward", f"{led.flops('forward'):.4e}", f"{fwd:.4e}"),
+        _row("backward", f"{led.flops('backward'):.4e}", f"{2 * fwd:.4e}"),
+        _row("recompute", f"{led.flops('recompute'):.4e}", f"{est.gpt_training_flops(s, recompute) - 3 * fwd:.4e}"),
+        _row("total", f"{led.flops():.4e}", f"{est.gpt_training_flops(s, recompute):.4e}"),
+    ]
+    drift = sorted({e.dtype for e in led.events if e.action == "saved" and e.dtype.startswith("float")
+                    and e.dtype != s.dtype})
+    if drift:
+        lines += ["", f"note: some saved activations are {', '.join(drift)} although the model is {s.dtype}"]
+    if capacity is not None:
+        peak = led.peak_bytes()
+        verdict = (f"fits, {est.format_bytes(capacity - peak)} to spare" if peak <= capacity
+                   else f"does NOT fit: {est.format_bytes(peak - capacity)} over")
+        lines += ["", f"capacity {_b(capacity)}: total peak {_b(peak)} {verdict}"]
+    return "\n".join(lines)
+
+
+# ---- the command line ----------------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tinygrad-ckpt",
+        description="Where training memory goes, and how activation checkpointing buys it back.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="{figures,estimate}")
+    fig = sub.add_parser("figures", help="draw the lessons' figures (figures/NN_<slug>.png)",
+                         description="Run the lessons and write their figures.")
+    fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
+    fig.add_argument("--only", metavar="NN", help="only this lesson's figure (e.g. 03)")
+    fig.add_argument("--out", metavar="DIR", help="directory to write the figures to")
+    e = sub.add_parser(
+        "estimate", help="measure one training step of a GPT of any size on the meta backend",
+        description="Build a GPT on the shape-only meta backend, run forward, backward and an optimizer step "
+                    "under a ledger, and print the measured memory and FLOPs beside the analytic formulas. "
+                    "Defaults: the seed's 7B example.",
+    )
+    e.add_argument("--layers", type=int, default=32, help="number of transformer blocks (default 32)")
+    e.add_argument("--d-model", type=int, default=4096, help="model width (default 4096)")
+    e.add_argument("--heads", type=int, default=32, help="attention heads (default 32)")
+    e.add_argument("--seq", type=int, default=2048, help="sequence length T (default 2048)")
+    e.add_argument("--batch", type=int, default=4, help="batch size B (default 4)")
+    e.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
+    e.add_argument("--dtype", type=_dtype, default="float16", help="float16 | float32 | float64 (default float16)")
+    e.add_argument("--optimizer", choices=("adamw", "sgd", "none"), default="adamw",
+                   help="adamw (two states per parameter), sgd (none) or none (no step)")
+    e.add_argument("--checkpoint", type=_checkpoint, default="none",
+                   help="none | every_layer | sqrt | selective (Korthikanti) | a number of segments")
+    e.add_argument("--capacity", type=lambda t: None if t.lower() == "none" else parse_size(t), default="80GB",
+                   help="device memory to compare the peak with: 80GB, 80GiB, 40e9 or none (default 80GB)")
+    e.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    if args.command == "figures":
+        try:
+            from . import figures
+        except ImportError as exc:
+            print(f"tinygrad-ckpt figures: the figures module is not available ({exc})", file=sys.stderr)
+            return 1
+        result = figures.run(quick=args.quick, only=args.only, out=args.out)
+        return result if isinstance(result, int) else 0
+    try:
+        shape = est.GPTShape(n_layer=args.layers, d_model=args.d_model, n_head=args.heads, seq_len=args.seq,
+                             batch=args.batch, vocab_size=args.vocab, dtype=args.dtype, dropout=args.dropout)
+    except ValueError as exc:
+        parser.error(str(exc))
+    print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
