@@ -248,3 +248,20 @@ def test_selective_keeps_exactly_what_korthikanti_counts():
 def test_gpt_checkpoint_switch_rejects_nonsense():
     with pytest.raises(ValueError, match="checkpoint="):
         gpt_grads("sometimes")
+
+
+def test_nested_replays_hold_no_extra_gradients():
+    """A plan nested 7 deep keeps no more gradient bytes in flight than checkpointing every layer:
+    each level lets go of its incoming gradient once the level below holds it."""
+    def gradient_peak(plan):
+        tg.manual_seed(0)
+        model = nn.GPT(64, 32, 8, 4, 64, checkpoint=plan)
+        idx = np.zeros((4, 32), dtype=np.int64)
+        with tg.Ledger() as led:
+            model(idx, idx)[1].backward()
+        return led.peak_bytes("gradient"), led.peak_bytes("activation")
+
+    costs = planner.uniform_costs(8, 1, 10, 1)
+    nested = planner.plan_chain(costs, planner.minimum_peak_bytes(costs))
+    assert nested.depth >= 5
+    assert gradient_peak(nested)[0] == gradient_peak(planner.every_layer_plan(8))[0]

@@ -273,9 +273,10 @@ class Checkpoint(Function):
     what the policy keeps); its backward replays the segment and backpropagates through it."""
 
     op = "checkpoint"
+    takes_grad_list = True  # backward gets the tape's list of incoming gradients, and empties it
 
     @staticmethod
-    def backward(ctx, *grad_outs):
+    def backward(ctx, grad_outs: list):
         led = ledger.current()
         sub = Tape()
         replay_inputs = [
@@ -303,6 +304,7 @@ class Checkpoint(Function):
             )
         ctx.segment.compare(segment)
         grads = {o._uid: g for o, g in zip(outputs, grad_outs) if o.requires_grad and g is not None}
+        grad_outs.clear()  # from here the sub-tape alone holds them, and frees each once consumed
         slots = [t._uid for t in replay_inputs] + list(ctx.implicit_uids)
         del out, outputs, args, kwargs, replay_inputs
         steps = sub.backward_steps(grads, capture=slots)

@@ -128,6 +128,7 @@ class Ledger:
             raise RuntimeError("a Ledger is already active; nest them by exiting the first one")
         _active = self
         self._t0 = time.perf_counter()
+        gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
         self._scan_existing()
         return self
 

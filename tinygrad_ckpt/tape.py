@@ -180,13 +180,15 @@ class Tape:
         self.closed = True
 
     def backward_steps(self, grads: dict, retain_graph: bool = False, capture=()):
-        """Run backward from `grads` ({slot: gradient array}); yields each entry before its backward.
+        """Run backward from `grads` ({slot: gradient array}, taken over: the dict is emptied);
+        yields each entry before its backward.
 
         Gradients reaching leaf tensors accumulate into their `.grad`; gradients for the slots in
         `capture` are collected instead and available as the generator's return value.
         """
         led = ledger.current()
         store = _Gradients(grads, self.leaves, capture, led)
+        grads.clear()  # the store holds them now; this frame must not keep a consumed gradient alive
         with led.backward_pass() if led is not None else contextlib.nullcontext():
             for entry in reversed(self.entries):
                 grad_outs = [store.pop(slot) for slot in entry.outputs]
@@ -204,7 +206,12 @@ class Tape:
                 yield entry
                 if debug.should_break(entry):
                     debug.enter_debugger(entry)
-                grad_ins = entry.fn.backward(entry.ctx, *grad_outs)
+                if getattr(entry.fn, "takes_grad_list", False):
+                    # a checkpoint entry empties the list once its sub-tape holds the gradients, so a
+                    # nested replay does not keep one incoming gradient alive per level
+                    grad_ins = entry.fn.backward(entry.ctx, grad_outs)
+                else:
+                    grad_ins = entry.fn.backward(entry.ctx, *grad_outs)
                 grad_ins = grad_ins if isinstance(grad_ins, tuple) else (grad_ins,)
                 del grad_outs
                 debug.check_backward(entry, grad_ins)
@@ -212,9 +219,7 @@ class Tape:
                     entry.release()
                 if led is not None:
                     led.end_backward(entry, grad_ins)
-                for slot, g in zip(entry.inputs, grad_ins):
-                    if slot is not None and g is not None:
-                        store.add(slot, g, entry)
+                store.add_all(entry, grad_ins)
                 grad_ins = None  # drop our references now, so consumed gradients free at once
         if not retain_graph:
             self.closed = True  # new ops go to a new tape; entries backward did not reach stay usable
@@ -237,6 +242,11 @@ class _Gradients:
 
     def pop(self, slot):
         return self.pending.pop(slot, None)
+
+    def add_all(self, entry, grad_ins) -> None:
+        for slot, g in zip(entry.inputs, grad_ins):
+            if slot is not None and g is not None:
+                self.add(slot, g, entry)
 
     def add(self, slot, g, entry) -> None:
         from .tensor import accumulate_grad  # tensor imports tape; keep the cycle lazy
