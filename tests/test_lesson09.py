@@ -114,7 +114,7 @@ def test_full_scale_numbers(tmp_path):
     assert r["n_params"] == 6_583_623_680
     assert r["activation_peak"] / GiB == pytest.approx(64.7, abs=0.05)
     assert r["measured_layer_bytes"] == 2_151_710_720
-    assert r["total_peak_plain"] / GiB == pytest.approx(127.0, abs=0.1)
+    assert r["total_peak_plain"] / GiB == pytest.approx(126.9, abs=0.1)
     assert r["category_peaks_plain"]["optimizer"] / 10**9 == pytest.approx(52.7, abs=0.05)
     # the seed's set-up: every layer checkpointed is 76.6 GiB = 82.2 GB, over 80 GB; nothing fits 80 GB or 40 GB
     el = r["peaks"]["adamw_fp32"]["every_layer"]
