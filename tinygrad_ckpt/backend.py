@@ -46,6 +46,11 @@ class Backend:
         return np.asarray(data, dtype=dtype)
 
     def erf(self, x):
+        """erf: a float32 rational approximation (ops/fast_erf.py, within 1e-7) for float32, SciPy otherwise."""
+        if x.dtype == np.float32:
+            from .ops.fast_erf import erf_float32
+
+            return erf_float32(x)
         from scipy.special import erf
 
         return erf(x)

@@ -1,0 +1,1065 @@
+"""Benchmarks of tinygrad_ckpt on a pre-LN GPT block stack (nn.Block), float32, CPU.
+
+    python benchmarks/run.py            # full run (several minutes), rewrites docs/benchmarks.md + .png
+    python benchmarks/run.py --quick    # small shapes, under a minute
+    python benchmarks/run.py --out DIR  # write benchmarks.md / benchmarks.png into DIR instead
+
+Measured side by side, in one process, with every library pinned to the same number of threads:
+  1. tape overhead: our forward+backward step vs a hand-written NumPy forward+backward of the same
+     stack (benchmarks/handwritten.py), and the gradients of both (and of PyTorch) compared;
+  2. PyTorch CPU (benchmarks/torch_ref.py): step time; bytes saved for backward per layer
+     (saved_tensors_hooks, one count per storage) vs the ledger's activation bytes;
+  3. checkpointing: time and FLOPs ratios of every-layer and √n plans, beside torch.utils.checkpoint;
+  4. scaling in layers, T and d, with fitted exponents;
+  plus the fast float32 erf against SciPy's, and a profile of our step with measured fixes.
+
+Timing: medians over rounds; in each round every engine first runs untimed for --warm seconds (so
+the BLAS/OpenMP worker threads of the previous engine stop spinning) and then a few timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small shapes, a few repetitions (under a minute)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "docs"), help="folder for benchmarks.md and .png")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads for every library")
+    ap.add_argument("--rounds", type=int, default=None, help="timing rounds per engine (default 3, quick 2)")
+    ap.add_argument("--warm", type=float, default=None, help="untimed seconds per engine before timing "
+                    "(default 0.1, quick 0.03)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                    help="wall: perf_counter; cpu: process CPU time (all threads summed: meaningful with --threads 1 "
+                    "on a machine shared with other work)")
+    ap.add_argument("--only", default="", help="comma-separated sections: erf,main,ckpt,scaling,profile")
+    return ap.parse_args(argv)
+
+
+ARGS = parse_args() if __name__ == "__main__" else None
+if ARGS is not None:  # before NumPy (and its BLAS) or PyTorch load: their pools size themselves once
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                "NUMEXPR_NUM_THREADS"):
+        os.environ[var] = str(ARGS.threads)
+
+import cProfile  # noqa: E402
+import gc  # noqa: E402
+import io  # noqa: E402
+import math  # noqa: E402
+import platform  # noqa: E402
+import pstats  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+import tinygrad_ckpt as tg  # noqa: E402
+from benchmarks import handwritten as hw  # noqa: E402
+from tinygrad_ckpt import backend, nn  # noqa: E402
+from tinygrad_ckpt import ops as tgops  # noqa: E402
+from tinygrad_ckpt.function import Context  # noqa: E402
+from tinygrad_ckpt.ops.fast_erf import erf_float32  # noqa: E402
+
+try:
+    import torch  # noqa: E402
+    import torch.utils.checkpoint as tcp  # noqa: E402
+
+    from benchmarks import torch_ref  # noqa: E402
+except ImportError:  # the benchmarks still run, without the PyTorch columns
+    torch = None
+
+try:
+    import threadpoolctl  # noqa: E402
+except ImportError:
+    threadpoolctl = None
+
+F32 = np.float32
+MiB = 1024 * 1024
+
+
+# ---- configuration ------------------------------------------------------------------------------
+def config(quick: bool) -> dict:
+    if quick:
+        return dict(
+            shapes=[(2, 64, 128, 4)], layers=[1, 2], rounds=1, warm=0.03, target_s=0.03,
+            ckpt=dict(shape=(2, 64, 128, 4), layers=4),
+            scale_layers=dict(shape=(2, 32, 64, 4), values=[1, 2]),
+            scale_T=dict(B=2, d=64, H=4, L=1, values=[32, 64]),
+            scale_d=dict(B=2, T=32, L=1, values=[32, 64]),
+            erf_n=1 << 18, profile=dict(shape=(2, 64, 128, 4), layers=1), fix_shape=(2, 64, 128, 4),
+        )
+    return dict(
+        shapes=[(4, 128, 256, 4), (8, 256, 256, 8), (4, 512, 512, 8)], layers=[1, 4, 12], rounds=3,
+        warm=0.1, target_s=0.4,
+        ckpt=dict(shape=(4, 128, 256, 4), layers=12),
+        scale_layers=dict(shape=(4, 128, 256, 4), values=[1, 4, 12, 32]),
+        scale_T=dict(B=4, d=256, H=4, L=1, values=[64, 128, 256, 512, 1024]),
+        scale_d=dict(B=4, T=128, L=1, values=[128, 256, 512, 1024]),
+        erf_n=1 << 22, profile=dict(shape=(8, 256, 256, 8), layers=2), fix_shape=(8, 256, 256, 8),
+    )
+
+
+# ---- timing -------------------------------------------------------------------------------------
+def minflt() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+CLOCK = time.perf_counter
+
+
+def measure(steps: dict, rounds: int, warm_s: float, target_s: float) -> dict:
+    """Round-robin over engines: untimed warm-up, then timed steps. {name: (median s, faults/step, all)}."""
+    clock = CLOCK
+    times = defaultdict(list)
+    faults = defaultdict(int)
+    for r in range(rounds):
+        for name, step in steps.items():
+            gc.collect()
+            if r and times[name] and times[name][-1] > 5 * warm_s:
+                # a step many times the warm-up: one untimed step would double the cost for nothing; idling
+                # warm_s lets the previous engine's BLAS/OpenMP workers stop spinning all the same
+                time.sleep(warm_s)
+                last = times[name][-1]
+            else:
+                t_end = time.perf_counter() + warm_s
+                while True:
+                    t0 = time.perf_counter()
+                    step()
+                    last = time.perf_counter() - t0
+                    if time.perf_counter() >= t_end:
+                        break
+            k = max(1, min(5, round(target_s / max(last, 1e-6))))
+            f0 = minflt()
+            for _ in range(k):
+                t0 = clock()
+                step()
+                times[name].append(clock() - t0)
+            faults[name] += minflt() - f0
+    return {name: (statistics.median(ts), faults[name] / len(ts), ts) for name, ts in times.items()}
+
+
+# ---- the three engines on one stack ---------------------------------------------------------------
+class Stack:
+    """One block stack in all engines, same weights, same input and upstream gradient."""
+
+    def __init__(self, B, T, d, H, L, seed=0, torch_attention=("math",)):
+        tg.manual_seed(seed)
+        self.B, self.T, self.d, self.H, self.L = B, T, d, H, L
+        self.module = nn.ModuleList([nn.Block(d, H, n_layer=L) for _ in range(L)])  # ops named "3.attn..."
+        self.blocks = list(self.module)
+        self.params = [hw.block_params(b) for b in self.blocks]
+        rng = np.random.default_rng(seed)
+        self.x = rng.standard_normal((B, T, d)).astype(F32)
+        self.g = rng.standard_normal((B, T, d)).astype(F32)
+        self.torch = {}
+        if torch is not None:
+            for att in torch_attention:
+                self.torch[att] = torch_ref.from_engine(self.blocks, H, attention=att)
+            self.tx = torch.from_numpy(self.x.copy()).requires_grad_(True)
+            self.tg_ = torch.from_numpy(self.g.copy())
+
+    # ours ---------------------------------------------------------------------------------------
+    def ours_forward(self, plan=None, check="values"):
+        xt = tg.Tensor(self.x, requires_grad=True)
+        h = xt
+        if plan is None:
+            for b in self.blocks:
+                h = b(h)
+        elif plan == "every_layer":
+            for b in self.blocks:
+                h = tg.checkpoint(b, h, determinism_check=check)
+        elif plan == "sqrt":
+            h = tg.checkpoint_sequential(self.blocks, sqrt_segments(self.L), h, determinism_check=check)
+        else:
+            raise ValueError(plan)
+        return xt, h
+
+    def ours_step(self, plan=None, check="values"):
+        for b in self.blocks:
+            b.zero_grad()
+        xt, h = self.ours_forward(plan, check)
+        h.backward(self.g)
+        return xt
+
+    def ours_grads(self):
+        xt = self.ours_step()
+        return xt.grad, [{k: p.grad for k, p in b.named_parameters()} for b in self.blocks]
+
+    # hand-written -------------------------------------------------------------------------------
+    def hw_step(self):
+        return hw.step(self.params, self.x, self.g, self.H)
+
+    # torch --------------------------------------------------------------------------------------
+    def torch_step(self, att="math", plan=None):
+        tb = self.torch[att]
+        for p in tb.parameters():
+            p.grad = None
+        self.tx.grad = None
+        h = self.tx
+        if plan is None:
+            h = torch_ref.run_stack(tb, h)
+        elif plan == "every_layer":
+            for b in tb:
+                h = tcp.checkpoint(b, h, use_reentrant=False)
+        elif plan == "sqrt":
+            h = tcp.checkpoint_sequential(tb, sqrt_segments(self.L), h, use_reentrant=False)
+        h.backward(self.tg_)
+
+    def torch_grads(self, att="math"):
+        self.torch_step(att)
+        return self.tx.grad.numpy(), torch_ref.grads_as_engine(self.torch[att])
+
+    def torch_saved(self, att="math", plan=None):
+        """Bytes autograd keeps at the end of the forward (storages counted once, parameters left out)."""
+        tb = self.torch[att]
+
+        def fwd():
+            h = self.tx
+            if plan is None:
+                return torch_ref.run_stack(tb, h)
+            if plan == "every_layer":
+                for b in tb:
+                    h = tcp.checkpoint(b, h, use_reentrant=False)
+                return h
+            return tcp.checkpoint_sequential(tb, sqrt_segments(self.L), h, use_reentrant=False)
+
+        res = torch_ref.saved_bytes(fwd, list(tb.parameters()))
+        res.pop("out").backward(self.tg_)  # release the graph
+        return res
+
+    # memory and FLOPs of ours -------------------------------------------------------------------
+    def ours_ledger(self, plan=None, check="values"):
+        for b in self.blocks:
+            b.zero_grad()
+        with tg.Ledger() as led:
+            xt, h = self.ours_forward(plan, check)
+            fwd_end = led.live_bytes("activation")
+            h.backward(self.g)
+        return dict(peak=led.peak_bytes("activation"), fwd_end=fwd_end, forward=led.flops("forward"),
+                    backward=led.flops("backward"), recompute=led.flops("recompute"), total=led.flops(),
+                    by_block=led.saved_breakdown(by="module", depth=1))
+
+
+def sqrt_segments(n: int) -> int:
+    return max(1, round(math.sqrt(n)))
+
+
+def max_rel_err(ref_dx, ref_grads, dx, grads) -> float:
+    worst = float(np.abs(dx - ref_dx).max() / (np.abs(ref_dx).max() + 1e-30))
+    for r, g in zip(ref_grads, grads):
+        for k, v in r.items():
+            worst = max(worst, float(np.abs(np.asarray(g[k]) - v).max() / (np.abs(v).max() + 1e-30)))
+    return worst
+
+
+# ---- sections -----------------------------------------------------------------------------------
+def environment(args) -> dict:
+    cpu = platform.processor()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    blas = []
+    if threadpoolctl is not None:
+        for info in threadpoolctl.threadpool_info():
+            blas.append(f"{info.get('internal_api')} {info.get('version') or ''} "
+                        f"({info.get('architecture') or info.get('threading_layer') or ''}, "
+                        f"{info.get('num_threads')} threads)".replace("  ", " "))
+    env = {k: os.environ.get(k, "unset") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    return dict(
+        python=platform.python_version(), numpy=np.__version__, scipy=scipy.__version__,
+        torch=torch.__version__ if torch is not None else "not installed", cpu=cpu, cores=os.cpu_count(),
+        threads=args.threads, torch_threads=torch.get_num_threads() if torch is not None else None,
+        blas="; ".join(blas) or "threadpoolctl not installed", env=env, load_start=os.getloadavg(),
+        erf_wired=erf_is_fast(),
+    )
+
+
+def erf_is_fast() -> bool:
+    """Does the engine's float32 erf already run erf_float32 (bitwise the same answers)?"""
+    x = np.linspace(-4, 4, 1001, dtype=F32)
+    got = np.asarray(backend.current().erf(x))
+    return got.dtype == F32 and np.array_equal(got, erf_float32(x))
+
+
+def bench_erf(cfg, args) -> dict:
+    from scipy.special import erf
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(cfg["erf_n"]) * 2).astype(F32)
+    out = np.empty_like(x)
+    steps = {"scipy": lambda: erf(x), "fast": lambda: erf_float32(x, out=out)}
+    if torch is not None:
+        tx = torch.from_numpy(x)
+        steps["torch_erf"] = lambda: torch.erf(tx)
+        steps["torch_gelu"] = lambda: torch.nn.functional.gelu(tx)
+    res = measure(steps, rounds=3, warm_s=args.warm, target_s=0.2)
+    ns = {k: v[0] / x.size * 1e9 for k, v in res.items()}
+    sample = np.concatenate([np.linspace(-6, 6, 2_000_001, dtype=F32), x[:200_000],
+                             np.array([0.0, -0.0, np.inf, -np.inf, 3.92, -3.92, 1e-30], F32)])
+    err = float(np.abs(erf_float32(sample).astype(np.float64) - erf(sample.astype(np.float64))).max())
+    return dict(ns=ns, n=x.size, max_err=err)
+
+
+def bench_main(cfg, args) -> list:
+    rows = []
+    first_L = min(cfg["layers"])
+    for (B, T, d, H) in cfg["shapes"]:
+        for L in cfg["layers"]:
+            extras = L == first_L  # SDPA and fast-erf columns: per-layer facts, measured on the 1-layer rows
+            st = Stack(B, T, d, H, L, torch_attention=("math", "sdpa") if extras else ("math",))
+            row = dict(shape=(B, T, d, H), L=L)
+            t0 = time.perf_counter()
+            st.ours_step()
+            est = time.perf_counter() - t0
+            if L <= 4:  # the gradients agree (sanity); deeper stacks run the same code
+                ref_dx, ref_g = st.ours_grads()
+                hw_dx, hw_g = st.hw_step()
+                row["err_hw"] = max_rel_err(ref_dx, ref_g, hw_dx, hw_g)
+                if torch is not None:
+                    row["err_torch"] = max_rel_err(ref_dx, ref_g, *st.torch_grads("math"))
+                del ref_dx, ref_g, hw_dx, hw_g
+            steps = {"ours": st.ours_step, "hand": st.hw_step}
+            if torch is not None:
+                steps["torch"] = lambda st=st: st.torch_step("math")
+                if extras:
+                    steps["torch_sdpa"] = lambda st=st: st.torch_step("sdpa")
+            if extras and not erf_is_fast():
+                steps["ours_fast_erf"] = lambda st=st: with_fast_erf(st.ours_step)
+                steps["hand_fast_erf"] = lambda st=st: with_fast_erf(st.hw_step)
+            rounds = cfg["rounds"] if args.rounds is None else args.rounds
+            if est > 2.0 and args.rounds is None:
+                rounds = min(rounds, 2)
+            res = measure(steps, rounds, args.warm, cfg["target_s"])
+            row["time"] = {k: v[0] for k, v in res.items()}
+            row["faults"] = {k: v[1] for k, v in res.items()}
+            led = st.ours_ledger()
+            _, saved = hw.forward(st.params, st.x, H)
+            row["bytes"] = dict(ours=led["peak"] / L, hand=hw.saved_bytes(saved) / L)
+            del saved
+            if torch is not None:
+                row["bytes"]["torch"] = st.torch_saved("math")["total"] / L
+                if extras:
+                    row["bytes"]["torch_sdpa"] = st.torch_saved("sdpa")["total"] / L
+            rows.append(row)
+            print(f"  main {(B, T, d, H)} L={L}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in row["time"].items())
+                  + f" | bytes/layer ours {row['bytes']['ours'] / MiB:.2f} MiB", flush=True)
+            del st
+            gc.collect()
+    return rows
+
+
+def with_fast_erf(step):
+    """Run `step` with the engine's erf answering float32 arrays with erf_float32 (what backend.erf will do)."""
+    be = backend.current()
+    had, original = "erf" in vars(be), be.erf
+    be.erf = lambda x: erf_float32(x) if getattr(x, "dtype", None) == F32 else original(x)
+    try:
+        return step()
+    finally:
+        if had:
+            be.erf = original
+        else:
+            del be.erf  # back to the class's method
+
+
+def bench_ckpt(cfg, args) -> dict:
+    B, T, d, H = cfg["ckpt"]["shape"]
+    L = cfg["ckpt"]["layers"]
+    st = Stack(B, T, d, H, L)
+    base = st.ours_ledger()
+    probe = st.ours_ledger("every_layer")
+    out = dict(shape=(B, T, d, H), L=L, segments=sqrt_segments(L), replays=probe["recompute"] > 0, plans={})
+    if not out["replays"]:
+        print("  ckpt: tg.checkpoint does not replay yet (no recompute FLOPs); section skipped", flush=True)
+        return out
+    from tinygrad_ckpt import planner
+
+    plans = {"every_layer": L, "sqrt": sum(s.stop - s.start for s in
+                                           planner.sequential_plan(L, sqrt_segments(L), last_plain=True).segments
+                                           if s.checkpoint)}
+    steps = {"ours": st.ours_step}
+    for plan in plans:
+        steps[f"ours_{plan}"] = lambda plan=plan: st.ours_step(plan)
+        steps[f"ours_{plan}_meta"] = lambda plan=plan: st.ours_step(plan, check="metadata")
+    if torch is not None:
+        steps["torch"] = lambda: st.torch_step("math")
+        for plan in plans:
+            steps[f"torch_{plan}"] = lambda plan=plan: st.torch_step("math", plan)
+    res = measure(steps, cfg["rounds"] if args.rounds is None else args.rounds, args.warm, cfg["target_s"])
+    t = {k: v[0] for k, v in res.items()}
+    out["time"] = t
+    torch_base = st.torch_saved("math")["total"] if torch is not None else None
+    torch_flops = torch_matmul_flops(st) if torch is not None else {}
+    for plan, n_ckpt in plans.items():
+        led = st.ours_ledger(plan)
+        p = dict(
+            time_ratio=t[f"ours_{plan}"] / t["ours"], time_ratio_meta=t[f"ours_{plan}_meta"] / t["ours"],
+            flops_ratio=led["total"] / base["total"], recompute=led["recompute"],
+            expected_recompute=base["forward"] * n_ckpt / L, checkpointed_blocks=n_ckpt,
+            peak=led["peak"], fwd_end=led["fwd_end"], base_peak=base["peak"],
+        )
+        if torch is not None:
+            p["torch_time_ratio"] = t[f"torch_{plan}"] / t["torch"]
+            boundary = st.torch_saved("math", plan)["total"]
+            per_layer = torch_base / L
+            seg_len = 1 if plan == "every_layer" else max(1, L // sqrt_segments(L))
+            # the plain tail is gone by the time a segment replays; then one segment's interior is held
+            replay = boundary - (L - n_ckpt) * per_layer + seg_len * per_layer
+            p["torch_fwd_end"] = boundary
+            p["torch_peak_est"] = max(boundary, replay)
+            p["torch_base"] = torch_base
+            if torch_flops:
+                p["torch_flops_ratio"] = torch_flops.get(plan, float("nan")) / torch_flops["none"]
+        out["plans"][plan] = p
+        print(f"  ckpt {plan}: ours x{p['time_ratio']:.2f} time, x{p['flops_ratio']:.2f} FLOPs"
+              + (f"; torch x{p['torch_time_ratio']:.2f}" if torch is not None else ""), flush=True)
+    return out
+
+
+def torch_matmul_flops(st) -> dict:
+    """FLOPs PyTorch's FlopCounterMode sees (matmuls only) per plan, to cross-check the recompute ratio."""
+    try:
+        from torch.utils.flop_counter import FlopCounterMode
+    except ImportError:
+        return {}
+    out = {}
+    for plan in (None, "every_layer", "sqrt"):
+        with FlopCounterMode(display=False) as fc:
+            st.torch_step("math", plan)
+        out[plan or "none"] = fc.get_total_flops()
+    return out
+
+
+def bench_scaling(cfg, args) -> dict:
+    rounds = (1 if args.quick else 2) if args.rounds is None else args.rounds
+    out = {}
+
+    def point(B, T, d, H, L):
+        st = Stack(B, T, d, H, L)
+        steps = {"ours": st.ours_step, "hand": st.hw_step}
+        if torch is not None:
+            steps["torch"] = lambda: st.torch_step("math")
+        res = measure(steps, rounds, args.warm, cfg["target_s"] / 2)
+        rec = dict(time={k: v[0] for k, v in res.items()}, ours_bytes=st.ours_ledger()["peak"])
+        if torch is not None:
+            rec["torch_bytes"] = st.torch_saved("math")["total"]
+        return rec
+
+    B, T, d, H = cfg["scale_layers"]["shape"]
+    out["layers"] = {L: point(B, T, d, H, L) for L in cfg["scale_layers"]["values"]}
+    print("  scaling: layers done", flush=True)
+    c = cfg["scale_T"]
+    out["T"] = {T: point(c["B"], T, c["d"], c["H"], c["L"]) for T in c["values"]}
+    print("  scaling: T done", flush=True)
+    c = cfg["scale_d"]
+    out["d"] = {d: point(c["B"], c["T"], d, max(1, d // 64), c["L"]) for d in c["values"]}
+    print("  scaling: d done", flush=True)
+    return out
+
+
+def slope(xs, ys) -> float:
+    """Least-squares exponent k of y ∝ x^k."""
+    return float(np.polyfit(np.log(np.asarray(xs, float)), np.log(np.asarray(ys, float)), 1)[0])
+
+
+def quad_fit(Ts, ys):
+    """y = a·T + b·T² (least squares): (a, b)."""
+    T = np.asarray(Ts, float)
+    A = np.stack([T, T * T], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A, np.asarray(ys, float), rcond=None)
+    return float(a), float(b)
+
+
+# ---- profile ------------------------------------------------------------------------------------
+def bench_profile(cfg, args) -> dict:
+    B, T, d, H = cfg["profile"]["shape"]
+    L = cfg["profile"]["layers"]
+    st = Stack(B, T, d, H, L, torch_attention=())
+    for _ in range(2):
+        st.ours_step()
+    step_s = measure({"ours": st.ours_step}, 2, args.warm, cfg["target_s"])["ours"][0]
+
+    # per op kind: time inside forward/backward of the op itself; the rest is the tape's own work
+    fwd, bwd, count = defaultdict(float), defaultdict(float), defaultdict(int)
+
+    def timed(fn, kind, acc, counter=None):
+        def wrapper(ctx, *args, **kwargs):
+            t0 = time.perf_counter()
+            r = fn(ctx, *args, **kwargs)
+            acc[kind] += time.perf_counter() - t0
+            if counter is not None:
+                counter[kind] += 1
+            return r
+
+        return staticmethod(wrapper)
+
+    patched = {}
+    for name in tgops.__all__:
+        cls = getattr(tgops, name)
+        if isinstance(cls, type) and "forward" in cls.__dict__ and "backward" in cls.__dict__:
+            patched[cls] = (cls.__dict__["forward"], cls.__dict__["backward"])
+            cls.forward = timed(cls.__dict__["forward"].__func__, cls.kind(), fwd, count)
+            cls.backward = timed(cls.__dict__["backward"].__func__, cls.kind(), bwd)
+    reps = 3
+    try:
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            st.ours_step()
+        instrumented = (time.perf_counter() - t0) / reps
+    finally:
+        for cls, (f, b) in patched.items():
+            cls.forward, cls.backward = f, b
+    ops = {k: dict(fwd=fwd[k] / reps, bwd=bwd[k] / reps, n=count[k] // reps) for k in count}
+    inside = sum(v["fwd"] + v["bwd"] for v in ops.values())
+
+    # Python overhead per recorded op: a stack so small that the arithmetic is nothing
+    tiny = Stack(1, 4, 8, 2, L, torch_attention=())
+    tiny_s = measure({"tiny": tiny.ours_step}, 2, args.warm, 0.05)["tiny"][0]
+    tiny_hw = measure({"tiny": tiny.hw_step}, 2, args.warm, 0.05)["tiny"][0]
+    n_entries = sum(v["n"] for v in ops.values())
+
+    prof = cProfile.Profile()
+    prof.enable()
+    st.ours_step()
+    prof.disable()
+    s = io.StringIO()
+    pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
+    text = s.getvalue()
+    text = text[text.find("ncalls"):].rstrip()
+
+    return dict(shape=(B, T, d, H), L=L, step=step_s, instrumented=instrumented, ops=ops, inside=inside,
+                entries=n_entries, tiny_step=tiny_s, tiny_hw=tiny_hw, cprofile=text,
+                fixes=bench_fixes(cfg["fix_shape"], args))
+
+
+def _t(fn, reps=None, min_s=0.15) -> float:
+    """Median seconds of fn() (after one untimed call)."""
+    fn()
+    ts = []
+    t_end = time.perf_counter() + min_s
+    while len(ts) < 3 or (time.perf_counter() < t_end and len(ts) < (reps or 50)):
+        t0 = CLOCK()
+        fn()
+        ts.append(CLOCK() - t0)
+    return statistics.median(ts)
+
+
+def bench_fixes(shape, args) -> list:
+    """Concrete engine changes, each timed on the real arrays of one layer: (current, proposed) seconds."""
+    B, T, d, H = shape
+    hd = d // H
+    rng = np.random.default_rng(1)
+    E = (B, T, d)
+    x4 = rng.standard_normal((B, T, 4 * d)).astype(F32)
+    g4 = rng.standard_normal((B, T, 4 * d)).astype(F32)
+    xe = rng.standard_normal(E).astype(F32)
+    ge = rng.standard_normal(E).astype(F32)
+    w = rng.standard_normal(d).astype(F32)
+    scores = rng.standard_normal((B, H, T, T)).astype(F32)
+    gs = rng.standard_normal((B, H, T, T)).astype(F32)
+    mask = np.triu(np.ones((T, T), bool), k=1)
+    fixes = []
+
+    def ctx(n=1):
+        return Context(tuple([True] * n), saving=True)
+
+    # 1. GELU with erf_float32 (forward + backward of the engine's op)
+    def gelu_op():
+        c = ctx()
+        tgops.GELU.forward(c, x4)
+        tgops.GELU.backward(c, g4)
+
+    fixes.append(dict(
+        name="GELU: erf_float32 instead of scipy.special.erf (float32)", per_layer=1,
+        current=_t(gelu_op), proposed=_t(lambda: with_fast_erf(gelu_op)),
+        how="backend.erf: float32 -> tinygrad_ckpt.ops.fast_erf.erf_float32 (float64 keeps SciPy)"))
+
+    # 2. GELU backward: save Φ(x) in forward? (memory!) -- no: reuse the erf pass, fuse the pdf
+    def gelu_bwd_current():
+        c = ctx()
+        c.saved["x"] = x4
+        c.approximate = "none"
+        with_fast_erf(lambda: tgops.GELU.backward(c, g4))
+
+    def gelu_bwd_inplace():
+        with_fast_erf(lambda: hw._gelu_backward(g4, x4))
+
+    fixes.append(dict(
+        name="GELU backward in place (one buffer, no temporaries), with fast erf", per_layer=1,
+        current=_t(gelu_bwd_current), proposed=_t(gelu_bwd_inplace),
+        how="d = erf(x/√2); d += 1; d *= .5; p = x²; p *= -.5; exp(p, out=p); p *= x/√(2π); d += p; d *= g"))
+
+    # 3. LayerNorm backward
+    xhat = (xe - xe.mean(-1, keepdims=True)) / xe.std(-1, keepdims=True)
+    rstd = (1 / xe.std(-1, keepdims=True)).astype(F32)
+
+    def ln_current():
+        c = ctx(3)
+        c.saved.update(xhat=xhat, rstd=rstd, weight=w)
+        tgops.LayerNorm.backward(c, ge)
+
+    fixes.append(dict(
+        name="LayerNorm backward: einsum reductions, in-place updates", per_layer=2,
+        current=_t(ln_current), proposed=_t(lambda: hw._layer_norm_backward(ge, xhat, rstd, w)),
+        how="gw = einsum('ij,ij->j', g, x̂); Σ ĝ·x̂ by einsum (no ĝ·x̂ temporary); gx -= x̂·dot in place"))
+
+    # 4. masked_fill backward: the gradient is already 0 where the mask is (softmax output is 0 there)
+    fixes.append(dict(
+        name="masked_fill backward: skip when it feeds softmax, else np.copyto(g, 0, where=mask)", per_layer=1,
+        current=_t(lambda: np.where(mask, np.zeros((), F32), gs)),
+        proposed=_t(lambda: np.copyto(gs, 0, where=mask)),
+        how="in place on an owned gradient (or nothing at all after softmax: y = 0 there, so dy·y = 0)"))
+
+    # 5. scale + mask as softmax parameters: drop the scores*scale and masked_fill passes (fwd + bwd)
+    scale = np.asarray(1 / math.sqrt(hd), F32)
+
+    def scale_mask_current():
+        s = scores * scale
+        s = np.where(mask, np.asarray(-np.inf, F32), s)
+        tgops.Softmax.forward(ctx(), s)
+        g = np.where(mask, np.zeros((), F32), gs)
+        g * scale
+
+    def scale_mask_fused():
+        s = scores * scale  # one pass: scale, then fill in place (the array is ours)
+        np.copyto(s, -np.inf, where=mask)
+        tgops.Softmax.forward(ctx(), s)
+        gs * scale
+
+    fixes.append(dict(
+        name="attention: scale and causal mask inside one op (no extra [B,H,T,T] arrays)", per_layer=1,
+        current=_t(scale_mask_current), proposed=_t(scale_mask_fused),
+        how="F.scaled_dot_product_attention: scores *= scale and copyto(-inf, where=mask) in place"))
+
+    # 6. q, k, v slices: 3 x (zeros[B,T,3d] + copy) + 2 sums  ->  one [B,T,3d] buffer
+    qkv_shape = (B, T, 3 * d)
+    gq = [rng.standard_normal((B, H, T, hd)).astype(F32) for _ in range(3)]
+
+    def split_current():
+        total = None
+        for i, g in enumerate(gq):
+            flat = g.swapaxes(1, 2).reshape(B, T, d)  # Reshape backward of the head split: a copy
+            c = ctx()
+            c.in_shape, c.dtype, c.index = qkv_shape, F32, (slice(None), slice(None), slice(i * d, (i + 1) * d))
+            part = tgops.GetItem.backward(c, flat)
+            total = part if total is None else total + part
+
+    def split_fused():
+        out = np.empty(qkv_shape, F32)
+        for i, g in enumerate(gq):
+            out[:, :, i * d:(i + 1) * d].reshape(B, T, H, hd)[...] = g.swapaxes(1, 2)
+
+    fixes.append(dict(
+        name="q,k,v split: one Split op writing one gradient buffer (vs 3 GetItem + 2 sums)", per_layer=1,
+        current=_t(split_current), proposed=_t(split_fused),
+        how="a Split/Chunk op: backward = np.empty(3d) + three strided copies; no zeros, no tape sums"))
+
+    # 7. tape gradient sums: a + b (new array) vs in place into an owned gradient
+    fixes.append(dict(
+        name="tape: add a second gradient in place when the first is a fresh array", per_layer=2,
+        current=_t(lambda: xe + ge), proposed=_t(lambda: np.add(xe, ge, out=xe)),
+        how="_summed allocates a+b each time; ops whose backward returns fresh arrays could mark them owned"))
+
+    # 8. softmax backward
+    y = np.exp(scores - scores.max(-1, keepdims=True))
+    y /= y.sum(-1, keepdims=True)
+
+    def sm_current():
+        c = ctx()
+        c.saved["out"], c.axis = y, -1
+        tgops.Softmax.backward(c, gs)
+
+    def sm_inplace():
+        dot = np.einsum("...i,...i->...", gs, y)[..., None]  # Σ g·y without a g·y temporary
+        g = gs - dot
+        g *= y
+
+    def sm_fwd_current():
+        tgops.Softmax.forward(ctx(), scores)
+
+    def sm_fwd_inplace():
+        e = scores - scores.max(-1, keepdims=True)
+        np.exp(e, out=e)
+        e /= e.sum(-1, keepdims=True)
+
+    fixes.append(dict(
+        name="softmax forward: exp in place (one [B,H,T,T] allocation instead of two)", per_layer=1,
+        current=_t(sm_fwd_current), proposed=_t(sm_fwd_inplace),
+        how="e = x - max; np.exp(e, out=e); e /= Σe"))
+
+    fixes.append(dict(
+        name="softmax backward: y·(g - Σg·y) with one temporary", per_layer=1,
+        current=_t(sm_current), proposed=_t(sm_inplace),
+        how="dot = einsum('...i,...i->...', g, y); gx = g - dot; gx *= y (one allocation instead of two)"))
+    return fixes
+
+
+# ---- report -------------------------------------------------------------------------------------
+def fmt_ms(s) -> str:
+    return f"{s * 1e3:.1f}" if s < 1 else f"{s * 1e3:.0f}"
+
+
+def fmt_b(n) -> str:
+    if n is None:
+        return "-"
+    if n >= MiB:
+        return f"{n / MiB:.2f} MiB"
+    return f"{n / 1024:.1f} KiB"
+
+
+def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
+    env = res["env"]
+    L = []
+    w = L.append
+    w("# Benchmarks")
+    w("")
+    flags = (" --quick" if args.quick else "") + (" --clock cpu" if args.clock == "cpu" else "")
+    if args.threads != os.cpu_count():
+        flags += f" --threads {args.threads}"
+    w(f"Regenerated by `python benchmarks/run.py{flags}` "
+      f"({time.strftime('%Y-%m-%d %H:%M')}, {elapsed:.0f} s). A pre-LN GPT block stack (`nn.Block`), float32, "
+      "forward + backward from a fixed upstream gradient (no loss op), on the CPU. "
+      f"Times ({'process CPU time' if args.clock == 'cpu' else 'wall clock'}) are medians over rounds; in each "
+      f"round every engine runs untimed for {args.warm:g} s first (BLAS/OpenMP worker threads of the previous "
+      "engine stop spinning; for steps over 5× that, later rounds idle that long instead).")
+    w("")
+    w(f"- Machine: {env['cpu']}, {env['cores']} cores; threads pinned to **{env['threads']}** for all "
+      f"(OMP/OPENBLAS/MKL env, threadpoolctl, torch.set_num_threads = {env['torch_threads']}).")
+    w(f"- Python {env['python']}, NumPy {env['numpy']}, SciPy {env['scipy']}, PyTorch {env['torch']}.")
+    w(f"- BLAS: {env['blas']}. OPENBLAS_CORETYPE={env['env']['OPENBLAS_CORETYPE']}, "
+      f"OPENBLAS_L2_SIZE={env['env']['OPENBLAS_L2_SIZE']}.")
+    w(f"- Load average at start {env['load_start'][0]:.2f}, at end {env['load_end'][0]:.2f} "
+      "(other processes on the machine add noise to every number below).")
+    w(f"- Engine erf for float32: {'erf_float32 (wired)' if env['erf_wired'] else 'scipy.special.erf'}.")
+    w("")
+    if "main" in res:
+        w("## Step time, tape overhead and bytes saved per layer")
+        w("")
+        w("ours = the tape engine; hand = hand-written NumPy (benchmarks/handwritten.py, same math, same saves); "
+          "torch = PyTorch CPU with the same explicit attention (nanoGPT without flash); torch sdpa = "
+          "`F.scaled_dot_product_attention` (keeps no T×T matrix; for information). Bytes per layer: ledger "
+          "activation peak / layers (ours), arrays kept by the hand-written forward, PyTorch's saved tensors "
+          "(hooks, one count per storage, parameters excluded). Faults: minor page faults per step.")
+        w("")
+        has_fast = any("ours_fast_erf" in r["time"] for r in res["main"])
+
+        def ms(t, k):
+            return fmt_ms(t[k]) if k in t else "-"
+
+        head = ("| B, T, d, H | layers | ours ms | hand ms | torch ms | torch sdpa ms | ours/hand | ours/torch "
+                "| hand/torch |")
+        sep = "|---|---|---|---|---|---|---|---|---|"
+        if has_fast:
+            head += " ours+fast erf ms | (ours/hand, ours/torch) with fast erf |"
+            sep += "---|---|"
+        head += (" bytes/layer ours | torch | hand | torch sdpa | faults/step ours, hand, torch "
+                 "| grad err vs hand, torch |")
+        sep += "---|---|---|---|---|---|"
+        w(head)
+        w(sep)
+        for r in res["main"]:
+            t, b, f = r["time"], r["bytes"], r["faults"]
+            tt = t.get("torch")
+            cells = [", ".join(map(str, r["shape"])), str(r["L"]), fmt_ms(t["ours"]), fmt_ms(t["hand"]),
+                     ms(t, "torch"), ms(t, "torch_sdpa"),
+                     f"{t['ours'] / t['hand']:.2f}", f"{t['ours'] / tt:.2f}" if tt else "-",
+                     f"{t['hand'] / tt:.2f}" if tt else "-"]
+            if has_fast:
+                of = t.get("ours_fast_erf")
+                cells += [ms(t, "ours_fast_erf"), f"{of / t['hand_fast_erf']:.2f}, " + (f"{of / tt:.2f}" if tt else "-")
+                          if of else "-"]
+            cells += [fmt_b(b["ours"]), fmt_b(b.get("torch")), fmt_b(b["hand"]), fmt_b(b.get("torch_sdpa")),
+                      f"{f['ours']:.0f}, {f['hand']:.0f}, " + (f"{f['torch']:.0f}" if tt else "-"),
+                      (f"{r['err_hw']:.1e}, " + (f"{r['err_torch']:.1e}" if "err_torch" in r else "-"))
+                      if "err_hw" in r else "(L ≤ 4 only)"]
+            w("| " + " | ".join(cells) + " |")
+        w("")
+        w(summary_targets(res))
+        w("")
+    if "ckpt" in res:
+        c = res["ckpt"]
+        w("## Checkpointing cost")
+        w("")
+        if not c["replays"]:
+            w("tg.checkpoint does not replay yet (the ledger shows no recompute FLOPs): section skipped.")
+        else:
+            w(f"Shape (B, T, d, H) = {c['shape']}, {c['L']} layers. every_layer: `tg.checkpoint(block, h)` per block "
+              f"/ `torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)`; sqrt: "
+              f"`checkpoint_sequential(blocks, {c['segments']}, x)` in both (the last segment runs plainly). "
+              "Ratios are checkpointed / not. 'meta' = determinism_check='metadata' (PyTorch's kind of check; "
+              "the default 'values' also checksums every replayed save). Peak = ledger activation peak; PyTorch's "
+              "peak is estimated from its measured saved bytes (hooks): max(at the end of the forward, checkpoint "
+              "inputs + one segment's interior (per-layer saved bytes × layers per segment)), since its recomputed "
+              "tensors are held by checkpoint's own hooks, out of sight of ours.")
+            w("")
+            w("| plan | ours time × | ours time × (meta) | torch time × | ours FLOPs × | torch matmul FLOPs × "
+              "| recompute FLOPs / expected | ours act. at fwd end | ours act. peak | torch saved at fwd end "
+              "| torch peak (est.) | no-ckpt peak ours / torch |")
+            w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            for plan, p in c["plans"].items():
+                w(f"| {plan} ({p['checkpointed_blocks']}/{c['L']} blocks ckpt) | {p['time_ratio']:.2f} | "
+                  f"{p['time_ratio_meta']:.2f} | "
+                  + (f"{p['torch_time_ratio']:.2f}" if "torch_time_ratio" in p else "-")
+                  + f" | {p['flops_ratio']:.3f} | "
+                  + (f"{p['torch_flops_ratio']:.3f}" if "torch_flops_ratio" in p else "-")
+                  + f" | {p['recompute'] / p['expected_recompute']:.4f} | {fmt_b(p['fwd_end'])} | {fmt_b(p['peak'])} | "
+                  + f"{fmt_b(p.get('torch_fwd_end'))} | {fmt_b(p.get('torch_peak_est'))} | "
+                  + f"{fmt_b(p['base_peak'])} / {fmt_b(p.get('torch_base'))} |")
+            w("")
+            t = c["time"]
+            w("Step times (ms): " + ", ".join(f"{k} {fmt_ms(v)}" for k, v in t.items()) + ".")
+        w("")
+    if "scaling" in res:
+        w("## Scaling")
+        w("")
+        w(scaling_text(res["scaling"]))
+        w("")
+    if "erf" in res:
+        e = res["erf"]
+        w("## Fast float32 erf")
+        w("")
+        w(f"`tinygrad_ckpt.ops.fast_erf.erf_float32` on {e['n']:,} float32 values (1 thread for NumPy/SciPy): "
+          + ", ".join(f"{k} {v:.2f} ns/element" for k, v in e["ns"].items())
+          + f". Speed-up over SciPy: **{e['ns']['scipy'] / e['ns']['fast']:.1f}×**. Max abs error vs "
+          f"float64 erf on a dense sample of [-6, 6] plus specials: **{e['max_err']:.2e}**. "
+          "(torch_* run with the pinned threads.)")
+        w("")
+    if "profile" in res:
+        w(profile_text(res["profile"]))
+    if os.path.exists(os.path.join(out_dir, "benchmarks.png")):
+        w("![benchmarks](benchmarks.png)")
+        w("")
+    text = "\n".join(L)
+    with open(os.path.join(out_dir, "benchmarks.md"), "w") as f:
+        f.write(text)
+    return text
+
+
+def summary_targets(res) -> str:
+    rows = res["main"]
+    lines = ["Targets (all rows of the table; worst / median):", ""]
+
+    def stat(vals):
+        vals = [v for v in vals if v is not None]
+        return f"worst {max(vals):.2f}, median {statistics.median(vals):.2f}" if vals else "-"
+
+    lines.append(f"- tape overhead ours/hand ≤ 1.10: {stat([r['time']['ours'] / r['time']['hand'] for r in rows])}")
+    if "torch" in rows[0]["time"]:
+        lines.append(f"- step time ours/torch ≤ 1.3: {stat([r['time']['ours'] / r['time']['torch'] for r in rows])}"
+                     f" (hand/torch: {stat([r['time']['hand'] / r['time']['torch'] for r in rows])})")
+        fast = [r for r in rows if "ours_fast_erf" in r["time"]]
+        if fast:
+            lines.append(f"- with erf_float32 wired in ({len(fast)} one-layer rows): ours/torch "
+                         f"{stat([r['time']['ours_fast_erf'] / r['time']['torch'] for r in fast])}, ours/hand "
+                         f"{stat([r['time']['ours_fast_erf'] / r['time']['hand_fast_erf'] for r in fast])}")
+        lines.append("- activation bytes per layer ours/torch ≤ 1: "
+                     f"{stat([r['bytes']['ours'] / r['bytes']['torch'] for r in rows])}")
+    checked = [r for r in rows if "err_hw" in r]
+    if checked:
+        lines.append(f"- gradients (float32, max over parameters and dx of max|Δ|/max|g|): ours vs hand "
+                     f"{max(r['err_hw'] for r in checked):.1e}"
+                     + (f", ours vs torch {max(r['err_torch'] for r in checked):.1e}"
+                        if "err_torch" in checked[0] else ""))
+    return "\n".join(lines)
+
+
+def scaling_text(s) -> str:
+    out = []
+    for key, label in (("layers", "layers"), ("T", "T"), ("d", "d")):
+        pts = s[key]
+        xs = list(pts)
+        engines = list(pts[xs[0]]["time"])
+        out.append(f"**vs {label}**")
+        out.append("")
+        out.append(f"| {label} | " + " | ".join(f"{e} ms" for e in engines) + " | ours bytes | torch bytes |")
+        out.append("|---|" + "---|" * (len(engines) + 2))
+        for x in xs:
+            p = pts[x]
+            out.append(f"| {x} | " + " | ".join(fmt_ms(p["time"][e]) for e in engines)
+                       + f" | {fmt_b(p['ours_bytes'])} | {fmt_b(p.get('torch_bytes'))} |")
+        exps = ", ".join(f"{e} {slope(xs, [pts[x]['time'][e] for x in xs]):.2f}" for e in engines)
+        byte_exp = f"ours {slope(xs, [pts[x]['ours_bytes'] for x in xs]):.2f}"
+        if "torch_bytes" in pts[xs[0]]:
+            byte_exp += f", torch {slope(xs, [pts[x]['torch_bytes'] for x in xs]):.2f}"
+        out.append("")
+        out.append(f"Fitted exponents (y ∝ {label}^k over the whole range): time {exps}; bytes {byte_exp}.")
+        if key == "T":
+            a, b = quad_fit(xs, [pts[x]["ours_bytes"] for x in xs])
+            tmax = xs[-1]
+            local = slope(xs[-2:], [pts[x]["ours_bytes"] for x in xs[-2:]])
+            out.append(f" Bytes = a·T + b·T² fit (ours): a = {a:.0f} B, b = {b:.1f} B; the T² term is "
+                       f"{b * tmax * tmax / (a * tmax + b * tmax * tmax):.0%} of the bytes at T = {tmax} "
+                       f"(local exponent {local:.2f} between the last two T).")
+        out.append("")
+    return "\n".join(out)
+
+
+def profile_text(p) -> str:
+    out = ["## Profile of our step", ""]
+    B, T, d, H = p["shape"]
+    out.append(f"Shape (B, T, d, H) = {p['shape']}, {p['L']} layers: step {fmt_ms(p['step'])} ms "
+               f"({fmt_ms(p['instrumented'])} ms instrumented). Time inside ops' forward/backward "
+               f"{fmt_ms(p['inside'])} ms ({p['inside'] / p['instrumented']:.0%}); the rest "
+               f"({fmt_ms(p['instrumented'] - p['inside'])} ms) is the tape's own work (Function.apply, Tensor "
+               f"wrapping, name scopes, gradient routing and sums, releases).")
+    out.append("")
+    per_op = (p["tiny_step"] - p["tiny_hw"]) / max(p["entries"], 1)
+    out.append(f"Python overhead per recorded op (forward + backward, from a 1×4×8 stack where arithmetic "
+               f"is nothing): {per_op * 1e6:.1f} µs; {p['entries']} ops per step → "
+               f"{per_op * p['entries'] * 1e3:.2f} ms = {per_op * p['entries'] / p['step']:.1%} of this step.")
+    out.append("")
+    out.append("| op | count | forward ms | backward ms | share of step |")
+    out.append("|---|---|---|---|---|")
+    for k, v in sorted(p["ops"].items(), key=lambda kv: -(kv[1]["fwd"] + kv[1]["bwd"])):
+        out.append(f"| {k} | {v['n']} | {v['fwd'] * 1e3:.2f} | {v['bwd'] * 1e3:.2f} | "
+                   f"{(v['fwd'] + v['bwd']) / p['instrumented']:.1%} |")
+    out.append("")
+    out.append("Measured fixes (each on the real arrays of one layer of the shape in the header; "
+               "gain per step = (current - proposed) × occurrences per layer × layers):")
+    out.append("")
+    out.append("| change | current ms | proposed ms | gain per step | share of our step | how |")
+    out.append("|---|---|---|---|---|---|")
+    for f in p["fixes"]:
+        gain = (f["current"] - f["proposed"]) * f["per_layer"] * p["L"]
+        out.append(f"| {f['name']} | {f['current'] * 1e3:.2f} | {f['proposed'] * 1e3:.2f} | {gain * 1e3:.2f} ms | "
+                   f"{gain / p['step']:.1%} | {f['how']} |")
+    out.append("")
+    out.append("cProfile of one step (top by own time):")
+    out.append("")
+    out.append("```")
+    out.append(p["cprofile"])
+    out.append("```")
+    out.append("")
+    return "\n".join(out)
+
+
+def plot(res: dict, out_dir: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = []
+    if "scaling" in res:
+        panels += ["layers", "T", "bytes_T", "d"]
+    if "ckpt" in res and res["ckpt"].get("plans"):
+        panels.append("ckpt")
+    if "main" in res:
+        panels.append("main")
+    if not panels:
+        return
+    cols = 3
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5 * cols, 4 * rows), squeeze=False)
+    colors = {"ours": "C0", "hand": "C1", "torch": "C2", "torch_sdpa": "C3"}
+    for ax, panel in zip(axes.flat, panels):
+        if panel in ("layers", "T", "d"):
+            pts = res["scaling"][panel]
+            xs = list(pts)
+            for e in pts[xs[0]]["time"]:
+                ys = [pts[x]["time"][e] * 1e3 for x in xs]
+                ax.loglog(xs, ys, "o-", color=colors.get(e), label=f"{e} (k={slope(xs, ys):.2f})")
+            ax.set_xlabel(panel)
+            ax.set_ylabel("step ms")
+            ax.set_title(f"step time vs {panel}")
+        elif panel == "bytes_T":
+            pts = res["scaling"]["T"]
+            xs = list(pts)
+            ys = [pts[x]["ours_bytes"] / MiB for x in xs]
+            ax.loglog(xs, ys, "o-", color="C0", label=f"ours (k={slope(xs, ys):.2f})")
+            if "torch_bytes" in pts[xs[0]]:
+                yt = [pts[x]["torch_bytes"] / MiB for x in xs]
+                ax.loglog(xs, yt, "s--", color="C2", label=f"torch (k={slope(xs, yt):.2f})")
+            a, b = quad_fit(xs, [pts[x]["ours_bytes"] for x in xs])
+            fine = np.geomspace(xs[0], xs[-1], 50)
+            ax.loglog(fine, (a * fine + b * fine ** 2) / MiB, ":", color="k", label="a·T + b·T² fit")
+            ax.set_xlabel("T")
+            ax.set_ylabel("activation MiB (1 layer)")
+            ax.set_title("saved bytes vs T")
+        elif panel == "ckpt":
+            c = res["ckpt"]
+            names = list(c["plans"])
+            xs = np.arange(len(names))
+            ax.bar(xs - 0.3, [c["plans"][n]["time_ratio"] for n in names], 0.2, label="ours time ×")
+            ax.bar(xs - 0.1, [c["plans"][n]["time_ratio_meta"] for n in names], 0.2, label="ours time × (meta)")
+            if "torch_time_ratio" in c["plans"][names[0]]:
+                ax.bar(xs + 0.1, [c["plans"][n]["torch_time_ratio"] for n in names], 0.2, label="torch time ×")
+            ax.bar(xs + 0.3, [c["plans"][n]["flops_ratio"] for n in names], 0.2, label="ours FLOPs ×")
+            ax.axhline(1, color="k", lw=0.5)
+            ax.set_ylim(0.8, None)
+            ax.set_xticks(xs, names)
+            ax.set_title(f"checkpointing cost ({c['L']} layers)")
+        elif panel == "main":
+            rows_ = res["main"]
+            labels = [f"{r['shape'][1]}/{r['shape'][2]}\nL{r['L']}" for r in rows_]
+            xs = np.arange(len(rows_))
+            ax.plot(xs, [r["time"]["ours"] / r["time"]["hand"] for r in rows_], "o-", label="ours / hand")
+            if "torch" in rows_[0]["time"]:
+                ax.plot(xs, [r["time"]["ours"] / r["time"]["torch"] for r in rows_], "s-", label="ours / torch")
+                ax.plot(xs, [r["time"]["hand"] / r["time"]["torch"] for r in rows_], "^-", label="hand / torch")
+            fast = [i for i, r in enumerate(rows_) if "ours_fast_erf" in r["time"] and "torch" in r["time"]]
+            if fast:
+                ax.plot(fast, [rows_[i]["time"]["ours_fast_erf"] / rows_[i]["time"]["torch"] for i in fast], "D",
+                        label="ours+fast erf / torch")
+            ax.axhline(1.1, color="C0", lw=0.5, ls="--")
+            ax.axhline(1.3, color="C2", lw=0.5, ls="--")
+            ax.set_xticks(xs, labels, fontsize=7)
+            ax.set_title("time ratios (T/d, layers)")
+        ax.legend(fontsize=7)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "benchmarks.png"), dpi=90)
+    plt.close(fig)
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def main(args) -> int:
+    global CLOCK
+    t_start = time.perf_counter()
+    CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
+    if threadpoolctl is not None:
+        threadpoolctl.threadpool_limits(args.threads)
+    if torch is not None:
+        torch.set_num_threads(args.threads)
+    os.makedirs(args.out, exist_ok=True)
+    cfg = config(args.quick)
+    if args.warm is None:
+        args.warm = cfg["warm"]
+    only = {s.strip() for s in args.only.split(",") if s.strip()} or {"erf", "main", "ckpt", "scaling", "profile"}
+    res = {"env": environment(args)}
+    print(f"tinygrad_ckpt benchmarks ({'quick' if args.quick else 'full'}), threads={args.threads}: "
+          f"{res['env']['blas']}", flush=True)
+    sections = (("erf", bench_erf), ("main", bench_main), ("ckpt", bench_ckpt), ("scaling", bench_scaling),
+                ("profile", bench_profile))
+    for name, fn in sections:
+        if name in only:
+            t0 = time.perf_counter()
+            res[name] = fn(cfg, args)
+            print(f"[{name}] {time.perf_counter() - t0:.1f} s", flush=True)
+    res["env"]["load_end"] = os.getloadavg()
+    plot(res, args.out)
+    text = write_report(res, args, args.out, time.perf_counter() - t_start)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(ARGS))

@@ -1,0 +1,116 @@
+"""The benchmark script runs (quick mode) and writes its report; the fast float32 erf is accurate.
+
+Times are not asserted: they depend on the machine and on what else runs on it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from scipy.special import erf
+
+from tinygrad_ckpt.ops.fast_erf import CLAMP, _erf_whole, erf_float32
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- fast_erf -----------------------------------------------------------------------------------
+def _all_float32_between(lo: float, hi: float, step: int = 1) -> np.ndarray:
+    """Every `step`-th float32 in [lo, hi] (lo, hi >= 0), by bit pattern."""
+    a, b = np.array([lo, hi], dtype=np.float32).view(np.int32)
+    return np.arange(a, b + 1, step, dtype=np.int32).view(np.float32)
+
+
+def _max_err(x: np.ndarray) -> float:
+    got = erf_float32(x)
+    assert got.dtype == np.float32 and got.shape == x.shape
+    return float(np.abs(got.astype(np.float64) - erf(x.astype(np.float64))).max())
+
+
+def test_fast_erf_accuracy_over_the_line():
+    # every float32 in [0.5, 4.5] (where erf is close to 1 and rounding bites), every 7th below 0.5
+    # down to 1e-6, a dense grid out to ±10, and the negative side by symmetry of the evaluation
+    x = np.concatenate([
+        _all_float32_between(0.5, 4.5), _all_float32_between(1e-6, 0.5, step=7),
+        np.linspace(-10, 10, 400_001, dtype=np.float32),
+    ])
+    assert _max_err(x) <= 1e-7
+    assert _max_err(-x[::97]) <= 1e-7
+
+
+def test_fast_erf_is_odd_and_monotone():
+    x = _all_float32_between(0.0, 5.0, step=13)
+    y = erf_float32(x)
+    assert np.array_equal(erf_float32(-x), -y)
+    assert np.all(np.diff(y) >= 0)
+    assert np.all(np.abs(y) <= 1)
+
+
+def test_fast_erf_special_values():
+    above = np.nextafter(np.float32(CLAMP), np.float32(9))
+    x = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e30, -1e30, 3e38, CLAMP, above, 1e-30, -1e-40, 6.0, -6.0],
+                 dtype=np.float32)
+    y = erf_float32(x)
+    assert y[0] == 0 and not np.signbit(y[0])
+    assert y[1] == 0 and np.signbit(y[1])
+    assert y[2] == 1 and y[3] == -1
+    assert np.isnan(y[4])
+    assert y[5] == 1 and y[6] == -1 and y[7] == 1
+    assert y[8] == 1 and y[9] == 1  # 1 - erf(3.92) < 2^-25: rounds to 1 in float32
+    assert abs(y[10] / (2 / np.sqrt(np.pi) * 1e-30) - 1) <= 2e-7  # full relative accuracy near 0
+    assert abs(y[11] - erf(np.float64(x[11]))) <= 1.5e-45  # subnormal: within one float32 step
+    assert y[12] == 1 and y[13] == -1
+
+
+def test_fast_erf_shapes_out_and_chunks():
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal((3, 50, 37)) * 2).astype(np.float32)
+    ref = erf(x.astype(np.float64))
+    for chunk in (1, 7, 1000, 1 << 20):
+        assert np.abs(erf_float32(x, chunk=chunk) - ref).max() <= 1e-7
+    out = np.empty_like(x)
+    assert erf_float32(x, out=out) is out
+    y = x.copy()
+    erf_float32(y, out=y)  # in place
+    assert np.array_equal(y, erf_float32(x))
+    t = x.transpose(2, 0, 1)  # non-contiguous in and out
+    assert np.abs(erf_float32(t) - erf(t.astype(np.float64))).max() <= 1e-7
+    out_nc = np.empty((37, 3, 50), np.float32).transpose(1, 2, 0)  # shape (3, 50, 37), not contiguous
+    erf_float32(x, out=out_nc)
+    assert np.array_equal(out_nc, erf_float32(x))
+    assert erf_float32(np.zeros((0, 4), np.float32)).shape == (0, 4)
+    assert erf_float32(np.float32(0.5)).shape == ()
+    assert erf_float32([0.5, -0.5]).dtype == np.float32  # lists and float64 are converted
+
+
+def test_fast_erf_whole_array_path_matches():
+    """The path other namespaces (CuPy) take evaluates the same rational, unchunked."""
+    x = np.linspace(-5, 5, 100_001, dtype=np.float32)
+    out = np.empty_like(x)
+    _erf_whole(x, np, out)
+    assert np.abs(out.astype(np.float64) - erf(x.astype(np.float64))).max() <= 1e-7
+
+
+# ---- the benchmark script -----------------------------------------------------------------------
+@pytest.mark.slow
+def test_quick_benchmark_writes_its_report(tmp_path):
+    pytest.importorskip("matplotlib")
+    env = dict(os.environ)
+    env.pop("TINYGRAD_CKPT_BACKEND", None)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "benchmarks", "run.py"), "--quick", "--threads", "1",
+         "--out", str(tmp_path)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    md = (tmp_path / "benchmarks.md").read_text()
+    for heading in ("# Benchmarks", "## Step time, tape overhead and bytes saved per layer", "## Checkpointing cost",
+                    "## Scaling", "## Fast float32 erf", "## Profile of our step"):
+        assert heading in md
+    assert "| B, T, d, H | layers | ours ms | hand ms |" in md
+    assert "Fitted exponents" in md
+    assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
