@@ -37,9 +37,9 @@ def measure(cfg, checkpoint):
         del logits
         loss.backward()
     grads = {k: p.grad for k, p in model.named_parameters()}
-    model, idx = build(**cfg, checkpoint=checkpoint)
-    tracemalloc.start()
+    tracemalloc.start()  # before the model is built, so its parameters count as in the ledger
     base = tracemalloc.get_traced_memory()[0]
+    model, idx = build(**cfg, checkpoint=checkpoint)
     logits, loss = model(idx, idx)
     del logits
     loss.backward()
