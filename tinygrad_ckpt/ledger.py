@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import functools
 import gc
 import json
 import time
@@ -107,6 +108,7 @@ class Ledger:
         self.live = dict.fromkeys(CATEGORIES, 0)
         self.peak = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
+        self._total = 0  # live bytes over all categories
         self.allocated_total = dict.fromkeys(CATEGORIES, 0)
         self.freed_total = dict.fromkeys(CATEGORIES, 0)
         self.flops_by_phase = dict.fromkeys(PHASES, 0)
@@ -180,8 +182,8 @@ class Ledger:
     # ---- recording -----------------------------------------------------------------------
     def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
         ev = Event(len(self.events), self.step, self.current_phase, action, nbytes, category, name,
-                   tuple(getattr(a, "shape", ())), str(getattr(a, "dtype", "")),
-                   buf.id if buf is not None else -1, sum(self.live.values()), from_category, flops,
+                   tuple(a.shape) if a is not None else (), _dtype_name(a.dtype) if a is not None else "",
+                   buf.id if buf is not None else -1, self._total, from_category, flops,
                    time.perf_counter() - self._t0)
         self.events.append(ev)
         return ev
@@ -190,14 +192,15 @@ class Ledger:
         self.live[category] += nbytes
         if self.live[category] > self.peak[category]:
             self.peak[category] = self.live[category]
-        total = sum(self.live.values())
-        if total > self.peak_total:
-            self.peak_total = total
+        self._total += nbytes
+        if self._total > self.peak_total:
+            self.peak_total = self._total
 
     def _move(self, buf: _Buffer, category: str) -> str:
         old = buf.category
         if old != category:
             self.live[old] -= buf.nbytes
+            self._total -= buf.nbytes  # _add puts it back
             self.freed_total[old] += buf.nbytes
             self.allocated_total[category] += buf.nbytes
             buf.category = category
@@ -240,6 +243,7 @@ class Ledger:
         if buf is None:
             return
         self.live[buf.category] -= buf.nbytes
+        self._total -= buf.nbytes
         self.freed_total[buf.category] += buf.nbytes
         self._emit("released", buf.nbytes, buf.category, buf.name, None, buf)
         life = self._lifetimes.get(buf.id)
@@ -336,7 +340,7 @@ class Ledger:
         self._check_capacity(entry.name)
 
     def _check_capacity(self, name: str) -> None:
-        total = sum(self.live.values())
+        total = self._total
         if self.capacity_bytes is None or total <= self.capacity_bytes:
             return
         from .tape import STATE
@@ -358,7 +362,7 @@ class Ledger:
 
     # ---- queries ---------------------------------------------------------------------------
     def live_bytes(self, category: str | None = None) -> int:
-        return sum(self.live.values()) if category is None else self.live[category]
+        return self._total if category is None else self.live[category]
 
     def peak_bytes(self, category: str | None = None) -> int:
         """Highest live bytes seen, over all categories together or for one category."""
@@ -498,6 +502,11 @@ class Ledger:
             for ev in self.events:
                 f.write(json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(ev).items()}))
                 f.write("\n")
+
+
+@functools.cache
+def _dtype_name(dtype) -> str:
+    return str(dtype)
 
 
 def numpy_traced_bytes() -> int:
