@@ -21,8 +21,6 @@ and {out}/06_sqrt_n_and_beyond_frontier.png (the memory-compute frontier of all 
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import textwrap
 import time
@@ -58,21 +56,6 @@ def uniform_plan(n: int, k: int, last_plain: bool = False) -> Plan:
     if last_plain:
         segments[-1] = Segment(segments[-1].start, n)
     return Plan(segments)
-
-
-@contextlib.contextmanager
-def frozen_heap():
-    """Move every object alive now (modules, matplotlib, ...) out of the garbage collector's sight.
-
-    Each tg.Ledger() scans gc.get_objects() for tensors that already exist, and the lesson runs ~50
-    ledgers: with ~70k library objects that scan (and each gc.collect) costs tens of milliseconds.
-    Frozen objects are skipped by both; tensors created inside are seen as usual."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 # ---------------------------------------------------------------- measuring a GPT
@@ -272,7 +255,7 @@ def frontier_figure(res: dict, path: str) -> None:
 
 # ---------------------------------------------------------------- the lesson
 def main(quick: bool = False, out: str = "figures") -> dict:
-    with frozen_heap():
+    with C.frozen_heap():
         return _main(quick, out)
 
 

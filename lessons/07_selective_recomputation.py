@@ -21,8 +21,6 @@ Figures: {out}/07_selective_recomputation_ops.png (bytes kept vs FLOPs to recomp
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import math
 import textwrap
 import time
@@ -52,18 +50,6 @@ def sizes(quick: bool) -> dict:
                     t_sweep=dict(seq_lens=(16, 32, 64, 128), batch=1, n_layer=2, n_head=8, d_model=64, vocab=32))
     return dict(gpt=dict(vocab=64, seq_len=64, batch=4, n_layer=4, n_head=8, d_model=64),
                 t_sweep=dict(seq_lens=(32, 64, 128, 256), batch=1, n_layer=2, n_head=16, d_model=128, vocab=64))
-
-
-@contextlib.contextmanager
-def frozen_heap():
-    """Hide the objects alive now (modules, matplotlib) from the garbage collector: each tg.Ledger()
-    scans gc.get_objects(), and this lesson runs many ledgers. Tensors made inside are seen as usual."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def make(cfg: dict, checkpoint=None):
@@ -286,7 +272,7 @@ def policies_figure(res: dict, path: str) -> None:
 
 # ---------------------------------------------------------------- the lesson
 def main(quick: bool = False, out: str = "figures") -> dict:
-    with frozen_heap():
+    with C.frozen_heap():
         return _main(quick, out)
 
 

@@ -5,6 +5,7 @@ run as scripts; tinygrad_ckpt.figures puts it there when it loads them)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 
@@ -19,7 +20,7 @@ import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import nn, optim  # noqa: E402
 from tinygrad_ckpt.plots import format_bytes  # noqa: E402
 
-__all__ = ["cli", "fresh", "token_batch", "make_gpt", "measured_step", "heading", "table", "fig_path",
+__all__ = ["cli", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step", "heading", "table", "fig_path",
            "format_bytes"]
 
 
@@ -103,3 +104,17 @@ def fig_path(out: str, name: str) -> str:
     """{out}/{name}, with the folder created."""
     os.makedirs(out, exist_ok=True)
     return os.path.join(out, name)
+
+
+@contextlib.contextmanager
+def frozen_heap():
+    """Hide every object alive now (modules, matplotlib, ...) from the garbage collector while a lesson
+    runs many ledgers: each tg.Ledger() collects and scans gc.get_objects() for engine objects that
+    already exist, which costs tens of milliseconds with ~70k library objects around. Frozen objects
+    are skipped by both, so only create the models you measure inside this block."""
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
