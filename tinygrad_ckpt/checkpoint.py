@@ -126,7 +126,6 @@ class Segment:
         self.check = check  # "values" | "metadata" | "none"
         self.observed: dict[int, Observation] = {}  # op index -> what it saved (forward or replay)
         self.stash: dict[int, tuple] = {}  # op index -> (outputs, own saves, input refs, decision, was_tuple, attrs)
-        self.decisions: list[tuple[str, Decision]] = []
         self.consumed: set[int] = set()  # ids of stashed outputs read by recomputed ops
         self.implicit: dict[int, Tensor] = {}  # recorded tensors from outside read inside
         self.count = 0
@@ -158,8 +157,6 @@ class Segment:
             return out
         self._observe(index, cls, name, ctx, rng)
         decision = self.policy.decide(cls.kind(), name) if self.policy is not None else None
-        if decision is not None:
-            self.decisions.append((name, decision))
         if decision is not None and decision.save:
             self._stash(index, name, ctx, arrays, out, decision)
         else:

@@ -40,7 +40,7 @@ def dtype_bytes(dtype) -> int:
         raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
-def format_bytes(n: float, decimal: bool = False) -> str:
+def format_bytes(n: float, decimal: bool = False, digits: int = 1) -> str:
     """'24.0 GiB' (binary, default) or '25.8 GB' (decimal=True); plain 'B' below one unit."""
     base, units = (1000, ("B", "kB", "MB", "GB", "TB", "PB")) if decimal else (
         1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
@@ -48,7 +48,7 @@ def format_bytes(n: float, decimal: bool = False) -> str:
     i = 0
     while x >= base and i < len(units) - 1:
         x, i = x / base, i + 1
-    return f"{sign}{int(x)} B" if i == 0 else f"{sign}{x:.1f} {units[i]}"
+    return f"{sign}{int(x)} B" if i == 0 else f"{sign}{x:.{digits}f} {units[i]}"
 
 
 @dataclass

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import backend
+from .estimate import format_bytes
 
 CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
 PHASES = ("forward", "backward", "recompute", "optimizer")
@@ -109,6 +110,7 @@ class Ledger:
         self.peak = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
         self._total = 0  # live bytes over all categories
+        self._live_at_op_start = 0  # for the OutOfMemoryError message: what the failing op added
         self.allocated_total = dict.fromkeys(CATEGORIES, 0)
         self.freed_total = dict.fromkeys(CATEGORIES, 0)
         self.flops_by_phase = dict.fromkeys(PHASES, 0)
@@ -281,6 +283,7 @@ class Ledger:
     # ---- hooks called by the engine ------------------------------------------------------
     def begin_forward(self) -> None:
         self._op_t0 = time.perf_counter()
+        self._live_at_op_start = self._total
         if self.trace_numpy and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
             self._traced_at_op_start = tracemalloc.get_traced_memory()[0]
@@ -315,6 +318,7 @@ class Ledger:
 
     def begin_backward(self, entry) -> None:
         self._op_t0 = time.perf_counter()
+        self._live_at_op_start = self._total
         be = backend.current()
         for a in entry.ctx.saved.values():
             if be.is_array(a):
@@ -346,7 +350,7 @@ class Ledger:
         from .tape import STATE
 
         tape = STATE.tape_ref() if STATE.tape_ref is not None else None
-        request = self.events[-2].nbytes if len(self.events) > 1 else 0
+        request = total - self._live_at_op_start
         holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
         by_cat = ", ".join(f"{c} {_fmt(self.live[c])}" for c in CATEGORIES if self.live[c])
         biggest = "; ".join(f"{b.name} ({b.category}, {_fmt(b.nbytes)})" for b in holders)
@@ -354,7 +358,7 @@ class Ledger:
             tape.release()  # the half-finished forward is dropped: nothing half-recorded stays
         raise OutOfMemoryError(
             f"out of memory in '{name}' ({self.current_phase}): the engine would hold {_fmt(total)} "
-            f"(last allocation {_fmt(request)}) but the capacity is {_fmt(self.capacity_bytes)}. "
+            f"(this op added {_fmt(request)}) but the capacity is {_fmt(self.capacity_bytes)}. "
             f"Live by category: {by_cat}. Largest holders: {biggest}. "
             "Try activation checkpointing (tg.checkpoint / GPT(checkpoint='sqrt')), a smaller batch or "
             "sequence, or a larger capacity."
@@ -517,8 +521,4 @@ def numpy_traced_bytes() -> int:
 
 
 def _fmt(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+    return format_bytes(n, digits=2)

@@ -21,6 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from . import estimate
 from .ledger import CATEGORIES, PHASES
 
 CATEGORY_COLORS = {
@@ -68,9 +69,8 @@ def unit_divisor(unit: str) -> float:
 
 
 def format_bytes(nbytes: float, digits: int = 1) -> str:
-    """'3.6 MiB', '512 B': binary units chosen by size."""
-    div, unit = byte_unit(nbytes)
-    return f"{nbytes:.0f} B" if unit == "B" else f"{nbytes / div:.{digits}f} {unit}"
+    """'3.6 MiB', '512 B': binary units chosen by size (estimate.format_bytes)."""
+    return estimate.format_bytes(nbytes, digits=digits)
 
 
 # ---------------------------------------------------------------- figures

@@ -18,6 +18,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from . import debug, ledger
+from .estimate import format_bytes
 
 
 class State:
@@ -90,14 +91,6 @@ def _fmt_meta(meta) -> str:
     return f"{list(shape)} {dtype}"
 
 
-def _fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n} B"
-
-
 @dataclass(eq=False)
 class TapeEntry:
     """One recorded op: what ran, under which name, on which slots, and what it saved."""
@@ -131,7 +124,7 @@ class TapeEntry:
             saves = ", ".join(
                 f"{k} {list(v.shape)} {v.dtype}" for k, v in self.ctx.saved.items()
             ) or "nothing"
-            saves += f" ({_fmt_bytes(self.saved_bytes())})"
+            saves += f" ({format_bytes(self.saved_bytes())})"
         return f"#{self.index} {self.name} [{self.op}] ({ins}) -> ({outs}) saves {saves}"
 
 
@@ -144,7 +137,7 @@ class Tape:
         self.closed = False
 
     def __repr__(self) -> str:
-        lines = [f"Tape with {len(self.entries)} entries ({_fmt_bytes(self.saved_bytes())} saved)"]
+        lines = [f"Tape with {len(self.entries)} entries ({format_bytes(self.saved_bytes())} saved)"]
         lines += [f"  {e!r}" for e in self.entries]
         return "\n".join(lines)
 
