@@ -20,7 +20,7 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, planner
-from tinygrad_ckpt.estimate import format_bytes
+from tinygrad_ckpt.units import format_bytes
 
 
 def build(n_layer, d, T, B, heads, checkpoint):

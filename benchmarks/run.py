@@ -68,8 +68,9 @@ import tinygrad_ckpt as tg  # noqa: E402
 from benchmarks import handwritten as hw  # noqa: E402
 from tinygrad_ckpt import backend, nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
+from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
 from tinygrad_ckpt.function import Context  # noqa: E402
-from tinygrad_ckpt.ops.fast_erf import erf_float32  # noqa: E402
+from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 try:
     import torch  # noqa: E402
@@ -588,7 +589,7 @@ def bench_fixes(shape, args) -> list:
     fixes.append(dict(
         name="GELU: erf_float32 instead of scipy.special.erf (float32)", per_layer=1,
         current=_t(gelu_op), proposed=_t(lambda: with_fast_erf(gelu_op)),
-        how="backend.erf: float32 -> tinygrad_ckpt.ops.fast_erf.erf_float32 (float64 keeps SciPy)"))
+        how="backend.erf: float32 -> tinygrad_ckpt.backend.erf.erf_float32 (float64 keeps SciPy)"))
 
     # 2. GELU backward: save Φ(x) in forward? (memory!) -- no: reuse the erf pass, fuse the pdf
     def gelu_bwd_current():
@@ -716,11 +717,7 @@ def fmt_ms(s) -> str:
 
 
 def fmt_b(n) -> str:
-    if n is None:
-        return "-"
-    if n >= MiB:
-        return f"{n / MiB:.2f} MiB"
-    return f"{n / 1024:.1f} KiB"
+    return "-" if n is None else format_bytes(n, digits=2)
 
 
 def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
@@ -834,7 +831,7 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
         e = res["erf"]
         w("## Fast float32 erf")
         w("")
-        w(f"`tinygrad_ckpt.ops.fast_erf.erf_float32` on {e['n']:,} float32 values (1 thread for NumPy/SciPy): "
+        w(f"`tinygrad_ckpt.backend.erf.erf_float32` on {e['n']:,} float32 values (1 thread for NumPy/SciPy): "
           + ", ".join(f"{k} {v:.2f} ns/element" for k, v in e["ns"].items())
           + f". Speed-up over SciPy: **{e['ns']['scipy'] / e['ns']['fast']:.1f}×**. Max abs error vs "
           f"float64 erf on a dense sample of [-6, 6] plus specials: **{e['max_err']:.2e}**. "

@@ -77,7 +77,7 @@ def split_figure(batch_runs, seq_runs, path) -> None:
             bottom += vals
         for x, r, top in zip(xs, runs, bottom):
             share = r["at_peak"]["activation"] / r["peak"]
-            ax.text(x, top, f"{plots.format_bytes(r['peak'])}\n{share:.0%} activations", ha="center",
+            ax.text(x, top, f"{C.format_bytes(r['peak'])}\n{share:.0%} activations", ha="center",
                     va="bottom", fontsize=8)
         ax.set_xticks(xs)
         ax.set_xticklabels([str(r["batch"] if runs is batch_runs else r["seq_len"]) for r in runs])

@@ -42,7 +42,7 @@ def gelu_prime(x):
 
 def entry_of(tensor, op: str):
     """The last tape entry of kind `op` on the tape that produced `tensor`."""
-    return [e for e in tensor._tape.entries if e.op == op][-1]
+    return [e for e in tensor.tape().entries if e.op == op][-1]
 
 
 def chain_rule(rng) -> dict:
@@ -51,12 +51,14 @@ def chain_rule(rng) -> dict:
     w = tg.Tensor(rng.standard_normal(5), name="w")  # dL/dy: the gradient arriving from above
     y = F.gelu(x)
     loss = (y * w).sum()
-    print(loss._tape)
+    tape = loss.tape()
+    print(tape)
     gelu_entry = entry_of(loss, "gelu")
     print(f"\nGELU's entry keeps {list(gelu_entry.ctx.saved)}: its backward computes f'(x) = Φ(x) + x·φ(x) "
           "from x itself.")
     for entry in loss.backward_steps():  # the backward loop, one entry at a time
-        print(f"  backward reaches #{entry.index} {entry.name:<6} saved: {list(entry.ctx.saved) or 'nothing'}")
+        saved = list(entry.ctx.saved) or "nothing"
+        print(f"  backward reaches #{tape.entries.index(entry)} {entry.name:<6} saved: {saved}")
     expected = w.data * gelu_prime(x.data)
     rows = [(f"{a:+.2f}", f"{b:+.4f}", f"{c:+.4f}", f"{d:+.4f}", f"{e:+.4f}", f"{g:+.4f}")
             for a, b, c, d, e, g in zip(x.data, gelu(x.data), w.data, gelu_prime(x.data), expected, x.grad)]

@@ -95,7 +95,7 @@ def measure_block(batch, seq_len, d_model, n_head, dtype=np.float32, dropout=0.0
     be = backend.current()
     params = {id(be.buffer(p.data)[0]) for p in block.parameters()}
     buffers: dict[int, dict] = {}
-    for entry in y._tape.entries:
+    for entry in y.tape().entries:
         for key, arr in entry.ctx.saved.items():
             owner, nbytes = be.buffer(arr)
             saver = f"{entry.name}:{key}"
@@ -230,11 +230,11 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     e = estimate.SEED_EXAMPLE
     C.heading("4. The seed's own arithmetic: 32 layers, B=4, T=2048, d=4096, 2 bytes")
     print(f"32 × 12 × 4 × 2048 × 4096 × 2 = {ex['seed_formula']:,} B = "
-          f"{estimate.format_bytes(ex['seed_formula'], decimal=True)} ({estimate.format_bytes(ex['seed_formula'])})")
+          f"{C.format_bytes(ex['seed_formula'], decimal=True)} ({C.format_bytes(ex['seed_formula'])})")
     print(f"the seed prints ≈ 64 GB: {ex['seed_printed'] / ex['seed_formula']:.2f}× its own formula.")
-    print(f"With the T² term (Korthikanti, 32 heads assumed): {estimate.format_bytes(ex['korthikanti_none'], True)}"
-          f"; selective recompute {estimate.format_bytes(ex['korthikanti_selective'], True)}; full recompute "
-          f"{estimate.format_bytes(ex['korthikanti_full'], True)}.")
+    print(f"With the T² term (Korthikanti, 32 heads assumed): {C.format_bytes(ex['korthikanti_none'], True)}"
+          f"; selective recompute {C.format_bytes(ex['korthikanti_selective'], True)}; full recompute "
+          f"{C.format_bytes(ex['korthikanti_full'], True)}.")
     print("So the printed 64 GB is wrong arithmetic, and the formula itself undercounts a 2048-token layer by "
           f"{ex['korthikanti_none'] / ex['seed_formula']:.1f}×.")
     result.update(seed_example=dict(ex), seed_example_inputs=dict(e))

@@ -78,7 +78,7 @@ def measure(cfg: dict, batch, ckpt_kwargs=None) -> dict:
     tg.manual_seed(DROPOUT_SEED)
     with tg.Ledger() as led:
         _, loss = model(idx, targets)
-        tape = loss._tape
+        tape = loss.tape()
         entries = len(tape.entries)
         ckpt_entries = [e for e in tape.entries if e.op == "checkpoint"]
         first_ckpt = repr(ckpt_entries[0]) if ckpt_entries else None

@@ -209,7 +209,7 @@ def frontier_figure(res: dict, path: str) -> None:
             where="post", color="#4C72B0", lw=1.2, alpha=0.7, label="plan_chain optimum (predicted, any budget)")
     least = min(curve, key=lambda c: (c["peak"], c["recompute_pct"]))
     if least["recompute_pct"] > xmax:
-        ax.annotate(f"least feasible peak {plots.format_bytes(least['peak'])}\nneeds "
+        ax.annotate(f"least feasible peak {C.format_bytes(least['peak'])}\nneeds "
                     f"{least['recompute_pct']:.0f}% recompute (off the chart)", (xmax, least["peak"] / div),
                     xytext=(-4, -4), textcoords="offset points", ha="right", va="top", fontsize=7, color="#4C72B0")
     ax.set_ylim(least["peak"] / div * 0.72, res["plain_peak"] / div * 1.25)
@@ -231,7 +231,7 @@ def frontier_figure(res: dict, path: str) -> None:
         ax.scatter([pct(r)], [r["peak"] / div], s=90, marker="h", facecolor="none", edgecolor="#4C72B0", lw=1.6,
                    zorder=5)
         ax.axhline(r["budget"] / div, color="#4C72B0", ls=":", lw=0.8, alpha=0.7)
-        ax.annotate(f"budget {i + 1}: {plots.format_bytes(r['budget'])}", (ax.get_xlim()[1], r["budget"] / div),
+        ax.annotate(f"budget {i + 1}: {C.format_bytes(r['budget'])}", (ax.get_xlim()[1], r["budget"] / div),
                     xytext=(-4, 2), textcoords="offset points", ha="right", va="bottom", fontsize=7,
                     color="#4C72B0")
         ax.annotate(str(i + 1), (pct(r), r["peak"] / div), xytext=(-9, -3), textcoords="offset points",

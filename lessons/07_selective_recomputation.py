@@ -74,7 +74,7 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
     with tg.Ledger() as led:
         _, loss = model(*batch)
         after_forward = led.live_bytes("activation")
-        for entry in loss._tape.entries:
+        for entry in loss.tape().entries:
             kept, keys = 0, []
             for key, a in entry.ctx.saved.items():
                 if not be.is_array(a):
@@ -105,7 +105,7 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
 def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
     """What a checkpoint entry holds after the forward: (op, array, shape, bytes), each buffer once.
 
-    Keys are "input0" (the block's input) and "stash<i>.<key>" for op i of the segment kept by the
+    Keys are "input0" (the block's input) and "kept<i>.<key>" for op i of the segment kept by the
     policy; the segment's observations name op i."""
     be = backend.current()
     seen, out = set(), []
@@ -114,9 +114,9 @@ def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
         if id(owner) in seen:
             continue
         seen.add(id(owner))
-        if key.startswith("stash"):
-            index, what = key[len("stash"):].split(".", 1)
-            op = entry.ctx.segment.observed[int(index)].name.split(".", 2)[-1]
+        if key.startswith("kept"):
+            index, what = key[len("kept"):].split(".", 1)
+            op = entry.ctx.replay.segment.observed[int(index)].name.split(".", 2)[-1]
         else:
             op, what = "(block input)", key
         out.append((op, what, tuple(a.shape), int(nbytes)))
@@ -132,7 +132,7 @@ def run(cfg: dict, checkpoint) -> dict:
     with tg.Ledger() as led:
         _, loss = model(*batch)
         after_forward = led.live_bytes("activation")
-        first = next(e for e in loss._tape.entries if e.op == "checkpoint")
+        first = next(e for e in loss.tape().entries if e.op == "checkpoint")
         kept = kept_arrays(first)
         del first
         loss.backward()

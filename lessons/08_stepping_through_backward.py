@@ -42,31 +42,27 @@ def sizes(quick: bool) -> dict:
     return dict(vocab=16, seq_len=8, batch=2, n_layer=2, n_head=2, d_model=16)
 
 
-def fmt(n: int) -> str:
-    return C.format_bytes(n)
-
-
 def replay_line() -> tuple[str, int]:
-    """(file, line) in Checkpoint.backward just after the replay, where the sub-tape `sub` is full."""
-    lines, start = inspect.getsourcelines(Checkpoint.backward)
-    path = inspect.getsourcefile(Checkpoint.backward)
+    """(file, line) in Checkpoint.call_backward just after the replay, where `outputs` hold the replayed graph."""
+    lines, start = inspect.getsourcelines(Checkpoint.call_backward)
+    path = inspect.getsourcefile(Checkpoint.call_backward)
     for i, line in enumerate(lines):
-        if "ctx.segment.compare(" in line:
-            return path, start + i
+        if "replay.run(" in line:
+            return path, start + i + 1
     return path, start
 
 
 def drive(model, batch, led) -> tuple[list[dict], dict]:
     """Run the forward, then the backward generator by hand, recording each step."""
     _, loss = model(*batch)
-    tape = loss._tape
+    tape = loss.tape()
     forward = dict(entries=len(tape.entries), activation=led.live_bytes("activation"),
                    events=len(led.events))
     steps: list[dict] = []
     for entry in loss.backward_steps():  # yields each entry just before its backward runs
         if steps:  # the previous entry's backward has run by now
             steps[-1].update(after=led.live_bytes("activation"), event_stop=len(led.events))
-        steps.append(dict(index=entry.index, op=entry.op, name=entry.name, repr=repr(entry),
+        steps.append(dict(index=tape.entries.index(entry), op=entry.op, name=entry.name, repr=repr(entry),
                           saved={k: (list(a.shape), str(a.dtype)) for k, a in entry.ctx.saved.items()
                                  if hasattr(a, "shape")},
                           before=led.live_bytes("activation"), event_start=len(led.events)))
@@ -158,7 +154,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     annotate_steps(steps, led)
 
     C.heading("1. After the forward")
-    print(f"the tape holds {forward['entries']} entries; the ledger counts {fmt(forward['activation'])} of "
+    print(f"the tape holds {forward['entries']} entries; the ledger counts {C.format_bytes(forward['activation'])} of "
           "activations (arrays saved for backward).")
     print("Block 1 is a single entry, op \"checkpoint\": it saved only the block's input.")
 
@@ -169,11 +165,12 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
         print(f"{s['repr']}")
         change = s["after"] - s["before"]
         sign = "+" if change >= 0 else "-"
-        line = f"    activations {fmt(s['before'])} -> {fmt(s['after'])} ({sign}{fmt(abs(change))})"
+        fb = C.format_bytes
+        line = f"    activations {fb(s['before'])} -> {fb(s['after'])} ({sign}{fb(abs(change))})"
         if s["recompute_ops"]:
             line += (f"; inside the step: {s['recompute_ops']} ops replayed (phase \"recompute\"), "
-                     f"{s['recomputed_saves']} \"recomputed\" saves ({fmt(s['recomputed_bytes'])}), activations up to "
-                     f"{fmt(s['inside_peak'])}")
+                     f"{s['recomputed_saves']} \"recomputed\" saves ({fb(s['recomputed_bytes'])}), activations up to "
+                     f"{fb(s['inside_peak'])}")
         print(line)
     ck = next(s for s in steps if s["op"] == "checkpoint")
     soft = next(s for s in steps if s["op"] == "softmax")
@@ -183,12 +180,13 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
           "output, then releases it.")
     print(f"The checkpoint entry {ck['name']} (#{ck['index']}) saved {ck['saved']}: when it runs, it replays block 1 "
           f"onto a private\nsub-tape ({ck['recompute_ops']} ops, each saving again: {', '.join(names[:4])}, ...), "
-          f"backpropagates through it and drops it.\nActivations went {fmt(ck['before'])} -> {fmt(ck['inside_peak'])} "
-          f"(inside the replay) -> {fmt(ck['after'])} in that one step; every plain step only frees "
-          f"(largest: {fmt(max(freed_by_plain))}).")
+          f"backpropagates through it and drops it.\nActivations went {C.format_bytes(ck['before'])} -> "
+          f"{C.format_bytes(ck['inside_peak'])} "
+          f"(inside the replay) -> {C.format_bytes(ck['after'])} in that one step; every plain step only frees "
+          f"(largest: {C.format_bytes(max(freed_by_plain))}).")
     replays_elsewhere = sum(s["recompute_ops"] for s in steps if s["op"] != "checkpoint")
     print(f"Recompute ops outside the checkpoint's step: {replays_elsewhere}. Activations left after the last step: "
-          f"{fmt(steps[-1]['after'])}.")
+          f"{C.format_bytes(steps[-1]['after'])}.")
 
     C.heading("3. The same in pdb")
     path, line = replay_line()

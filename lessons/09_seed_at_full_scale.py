@@ -12,7 +12,7 @@ does-not-fit verdict at 40 GB and 80 GB. With float32 Adam states nothing fits 8
 removes the activations, and what is left is the optimizer. The lesson then measures what does fit:
 AdamW states in float16, plain SGD, and a smaller batch.
 
-Read: tinygrad_ckpt/meta.py (the shape-only backend), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
+Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
 the same measurement as a command), tinygrad_ckpt/estimate.py (seed_activation_example,
 engine_activation_terms, training_state_terms), tinygrad_ckpt/planner.py (LayerCost, plan_chain,
 minimum_peak_bytes), tinygrad_ckpt/optim.py (state_dtype).
@@ -257,10 +257,10 @@ def per_layer_figure(path, shape, terms, h0) -> None:
         left = 0
         for nbytes, color, label in parts:
             ax.barh(y, nbytes / div, left=left / div, color=color, height=0.62)
-            ax.text((left + nbytes / 2) / div, y, f"{label}\n{est.format_bytes(nbytes)}", ha="center", va="center",
+            ax.text((left + nbytes / 2) / div, y, f"{label}\n{C.format_bytes(nbytes)}", ha="center", va="center",
                     fontsize=8, color="white" if color != "#A6BDDB" else "black")
             left += nbytes
-        ax.text(left / div, y, f"  {est.format_bytes(left)}\n  {left:,} B", va="center", fontsize=8)
+        ax.text(left / div, y, f"  {C.format_bytes(left)}\n  {left:,} B", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([r[0] for r in rows])
     ax.invert_yaxis()
@@ -343,7 +343,7 @@ def plans_figure(path, table: dict, least: dict, shape) -> None:
 # ---------------------------------------------------------------- the lesson
 
 def fb(n: float) -> str:
-    return f"{est.format_bytes(n)} ({est.format_bytes(n, decimal=True)})"
+    return f"{C.format_bytes(n)} ({C.format_bytes(n, decimal=True)})"
 
 
 NAME_OF = {"ln_1.xhat": "ln_1.layer_norm:xhat", "ln_1.rstd": "ln_1.layer_norm:rstd",
@@ -410,7 +410,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"the seed's 12·E·2 B = {fb(seed_layer)}. Measured per block: {fb(measured_layer)} "
           f"({measured_layer / seed_layer:.2f}× the seed's).")
     print(f"all {L} blocks: {fb(blocks)}; outside the blocks: "
-          + ", ".join(f"{'cross_entropy' if k == '(top)' else k} {est.format_bytes(n)}"
+          + ", ".join(f"{'cross_entropy' if k == '(top)' else k} {C.format_bytes(n)}"
                       for k, n in outside.items() if n >= 2**20)
           + f";\n{fb(sum(by_module.values()))} saved in all: the activation peak.")
     same = B * H * T * T == 16 * E
@@ -421,10 +421,10 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print("And 16·E rather than 12·E: each LayerNorm keeps its normalised input and the Linear after it keeps its "
           "input\n(the LayerNorm's output), q, k, v are one 3·E buffer, the merged heads another E, and the MLP keeps "
           "two 4·E arrays.")
-    print(f"Is the measured {est.format_bytes(act_peak)} the seed's 64 GB? No. In the seed's decimal units it is "
-          f"{est.format_bytes(act_peak, True)}, and it is built\nfrom terms the seed's formula does not have (its "
-          f"12·E alone gives {est.format_bytes(seed_formula_config, True)}). A 16·E + B·H·T² layer is "
-          f"{est.format_bytes(measured_layer)} at this shape,\nso {L} of them make {est.format_bytes(blocks)}: that "
+    print(f"Is the measured {C.format_bytes(act_peak)} the seed's 64 GB? No. In the seed's decimal units it is "
+          f"{C.format_bytes(act_peak, True)}, and it is built\nfrom terms the seed's formula does not have (its "
+          f"12·E alone gives {C.format_bytes(seed_formula_config, True)}). A 16·E + B·H·T² layer is "
+          f"{C.format_bytes(measured_layer)} at this shape,\nso {L} of them make {C.format_bytes(blocks)}: that "
           "this lands near the seed's printed 64 is a coincidence.")
     t2 = {}
     for Tx in (1024, 2048, 4096, 8192):
@@ -442,24 +442,24 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"parameters: {P:,} ({P / 1e9:.2f} B: nanoGPT layout, vocabulary {VOCAB:,}, learned positions; the "
           "seed's \"7B\" is a round number)")
     rows = [
-        ("parameters, float16", "14 GB", f"7e9 × 2 B = {est.format_bytes(seven['parameters'], True)}",
+        ("parameters, float16", "14 GB", f"7e9 × 2 B = {C.format_bytes(seven['parameters'], True)}",
          fb(cp["parameter"])),
         ("AdamW m and v, float32", "56 GB",
-         f"7e9 × 8 B = {est.format_bytes(seven['adam_m'] + seven['adam_v'], True)}", fb(cp["optimizer"])),
-        ("gradients, float16", "(not counted)", f"7e9 × 2 B = {est.format_bytes(seven['gradients'], True)}",
+         f"7e9 × 8 B = {C.format_bytes(seven['adam_m'] + seven['adam_v'], True)}", fb(cp["optimizer"])),
+        ("gradients, float16", "(not counted)", f"7e9 × 2 B = {C.format_bytes(seven['gradients'], True)}",
          fb(cp["gradient"]) + " at most"),
-        ("activations", "64 GB", f"12·B·T·d·L·2 = {est.format_bytes(seed_formula_config, True)}",
+        ("activations", "64 GB", f"12·B·T·d·L·2 = {C.format_bytes(seed_formula_config, True)}",
          fb(cp["activation"]) + " at most"),
         ("total", "134 GB (14+56+64)", "", fb(plain_seed.total_peak) + " peak"),
     ]
     print(C.table(rows, ["", "seed prints", "seed's own arithmetic", "measured (ledger, one step)"]))
     print(f"The parameter and Adam numbers follow (for 7e9 parameters; this model has {P / 1e9:.2f} B: "
-          f"{est.format_bytes(P * v, True)} and {est.format_bytes(8 * P, True)}).")
-    print(f"Gradients, which the seed leaves out, add {est.format_bytes(P * v, True)}; the measured gradient peak "
-          f"({est.format_bytes(cp['gradient'], True)}) also holds\nactivation gradients in flight. The categories "
+          f"{C.format_bytes(P * v, True)} and {C.format_bytes(8 * P, True)}).")
+    print(f"Gradients, which the seed leaves out, add {C.format_bytes(P * v, True)}; the measured gradient peak "
+          f"({C.format_bytes(cp['gradient'], True)}) also holds\nactivation gradients in flight. The categories "
           f"peak at different moments: the total peak,\n{fb(plain_seed.total_peak)}, comes early in the "
           f"{plain_seed.peak_phase} pass, when\n"
-          + ", ".join(f"{plots.CATEGORY_LABELS[c].split(' (')[0]} {est.format_bytes(n)}"
+          + ", ".join(f"{plots.CATEGORY_LABELS[c].split(' (')[0]} {C.format_bytes(n)}"
                       for c, n in plain_seed.at_peak.items() if n) + " are live.")
 
     # ---- 4. every plan, every set-up
@@ -504,9 +504,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print("plan_chain budgets activations only; the lesson bisects its budget, measures each plan's TOTAL peak on "
           "meta,\nand keeps the least-recompute plan that fits (one level of checkpoints, max_depth=1).")
     el_formula = L * c0.input_bytes + c0.saved_bytes
-    print(f"every layer keeps the {L} block inputs ({L} × {est.format_bytes(c0.input_bytes)}) and, in each replay, "
-          f"one block's saves ({est.format_bytes(c0.saved_bytes)}):\n{est.format_bytes(el_formula)} by formula, "
-          f"{est.format_bytes(table[SETUPS[0].key]['every_layer'].category_peaks['activation'])} measured.")
+    print(f"every layer keeps the {L} block inputs ({L} × {C.format_bytes(c0.input_bytes)}) and, in each replay, "
+          f"one block's saves ({C.format_bytes(c0.saved_bytes)}):\n{C.format_bytes(el_formula)} by formula, "
+          f"{C.format_bytes(table[SETUPS[0].key]['every_layer'].category_peaks['activation'])} measured.")
     verdict = lambda r, cap: "fits" if r.fits(cap) else "NO"  # noqa: E731
     for setup in SETUPS:
         runs = table[setup.key]
@@ -516,10 +516,10 @@ def main(quick: bool = False, out: str = "figures") -> dict:
             r = runs[name]
             if r is None:
                 rows.append((PLAN_LABELS[name], "", "no plan fits", "", "", "", "",
-                             f"least-memory plan peaks at {est.format_bytes(least[setup.key].total_peak, True)}"))
+                             f"least-memory plan peaks at {C.format_bytes(least[setup.key].total_peak, True)}"))
                 continue
-            rows.append((PLAN_LABELS[name], est.format_bytes(r.category_peaks["activation"]), fb(r.total_peak),
-                         est.format_bytes(r.at_peak["optimizer"]), f"{r.recompute_ratio:.0%}",
+            rows.append((PLAN_LABELS[name], C.format_bytes(r.category_peaks["activation"]), fb(r.total_peak),
+                         C.format_bytes(r.at_peak["optimizer"]), f"{r.recompute_ratio:.0%}",
                          verdict(r, CAPACITIES["40 GB"]), verdict(r, CAPACITIES["80 GB"]),
                          r.plan_text if name.startswith("planner") else ""))
         print(C.table(rows, ["plan", "activation peak", "total peak", "optimizer", "recompute",
@@ -533,11 +533,11 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     static = el.at_peak["parameter"] + el.at_peak["optimizer"] + el.at_peak["gradient"]
     over80 = el.total_peak - CAPACITIES["80 GB"]
     print(f"Seed set-up, every layer checkpointed: total peak {fb(el.total_peak)}: "
-          + ("fits 80 GB." if over80 <= 0 else f"does NOT fit 80 GB ({est.format_bytes(over80, True)} over)."))
-    print(f"At that peak (the end of backward): parameters {est.format_bytes(el.at_peak['parameter'])}, AdamW "
-          f"states {est.format_bytes(el.at_peak['optimizer'])},\ngradients {est.format_bytes(el.at_peak['gradient'])} "
-          f"(together {fb(static)}), activations {est.format_bytes(el.at_peak['activation'])}, other "
-          f"{est.format_bytes(el.at_peak['other'])}.")
+          + ("fits 80 GB." if over80 <= 0 else f"does NOT fit 80 GB ({C.format_bytes(over80, True)} over)."))
+    print(f"At that peak (the end of backward): parameters {C.format_bytes(el.at_peak['parameter'])}, AdamW "
+          f"states {C.format_bytes(el.at_peak['optimizer'])},\ngradients {C.format_bytes(el.at_peak['gradient'])} "
+          f"(together {fb(static)}), activations {C.format_bytes(el.at_peak['activation'])}, other "
+          f"{C.format_bytes(el.at_peak['other'])}.")
     fits = {cap_name: {k: [n for n, r in runs.items() if r is not None and r.fits(cap)] for k, runs in table.items()}
             for cap_name, cap in CAPACITIES.items()}
     cheapest = {c: {} for c in CAPACITIES}
@@ -556,9 +556,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print("(in brackets: recompute, as a share of the blocks' forward FLOPs)")
     if not fits["80 GB"]["adamw_fp32"]:
         print(f"With float32 Adam states no plan fits 80 GB: checkpointing takes the activations from "
-              f"{est.format_bytes(s1['none'].category_peaks['activation'])} down to "
-              f"{est.format_bytes(el.category_peaks['activation'])},\nand what is left over the line is the "
-              f"optimizer ({est.format_bytes(el.at_peak['optimizer'])}), which checkpointing cannot touch. The "
+              f"{C.format_bytes(s1['none'].category_peaks['activation'])} down to "
+              f"{C.format_bytes(el.category_peaks['activation'])},\nand what is left over the line is the "
+              f"optimizer ({C.format_bytes(el.at_peak['optimizer'])}), which checkpointing cannot touch. The "
               "seed is right that\na 7B model with Adam does not fit 80 GB without an intervention; activation "
               "checkpointing alone is not\nthe one that makes it fit.")
     for cap_name, cap in CAPACITIES.items():
@@ -566,8 +566,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         for k, n in cheapest[cap_name].items():
             r = table[k][n]
             print(f"  {next(s.label for s in SETUPS if s.key == k)}: {PLAN_LABELS[n]}, "
-                  f"{est.format_bytes(r.total_peak, True)} ({r.recompute_ratio:.0%} recompute, "
-                  f"{est.format_bytes(cap - r.total_peak, True)} to spare)")
+                  f"{C.format_bytes(r.total_peak, True)} ({r.recompute_ratio:.0%} recompute, "
+                  f"{C.format_bytes(cap - r.total_peak, True)} to spare)")
     if any(cap - table[k][n].total_peak < GB for cap_name, cap in CAPACITIES.items()
            for k, n in cheapest[cap_name].items()):
         print("  (a margin under 1 GB fits on paper only: the CUDA context and allocator slack take some hundreds "
@@ -578,7 +578,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     for setup in no40:
         r = table[setup.key]["every_layer"]
         floor = r.at_peak["parameter"] + r.at_peak["optimizer"] + r.at_peak["gradient"]
-        print(f"  {setup.label}: parameters + optimizer + gradients = {est.format_bytes(floor, True)}"
+        print(f"  {setup.label}: parameters + optimizer + gradients = {C.format_bytes(floor, True)}"
               + (", over 40 GB before any activation" if floor > CAPACITIES["40 GB"] else ""))
     print("The planner only cuts the chain into whole layers; selective recomputation (per op: the attention "
           "core, the T² half\nof each layer, replayed for about 8% of the forward) is outside its search space, "
@@ -589,10 +589,10 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           "here is the same.")
     a100 = el.total_peak <= A100_80_REPORTED
     if over80 > 0:
-        print(f"GB or GiB? The seed's 80 GB is decimal ({est.format_bytes(80 * GB)}); nvidia-smi reports an A100 "
-              f"80GB as 81920 MiB = 80 GiB ({est.format_bytes(A100_80_REPORTED, True)}).\nAgainst 80 GiB the seed "
+        print(f"GB or GiB? The seed's 80 GB is decimal ({C.format_bytes(80 * GB)}); nvidia-smi reports an A100 "
+              f"80GB as 81920 MiB = 80 GiB ({C.format_bytes(A100_80_REPORTED, True)}).\nAgainst 80 GiB the seed "
               "set-up with every layer checkpointed "
-              + (f"would squeeze in, with {est.format_bytes(A100_80_REPORTED - el.total_peak)} left\nfor the CUDA "
+              + (f"would squeeze in, with {C.format_bytes(A100_80_REPORTED - el.total_peak)} left\nfor the CUDA "
                  "context, allocator fragmentation and kernel workspaces, which the ledger does not see." if a100
                  else "still does not fit."))
 

@@ -18,7 +18,7 @@ import numpy as np  # noqa: E402
 
 import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import nn, optim  # noqa: E402
-from tinygrad_ckpt.plots import format_bytes  # noqa: E402
+from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 __all__ = ["cli", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step", "heading", "table", "fig_path",
            "format_bytes"]

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from tinygrad_ckpt.ops.fast_erf import CLAMP, _erf_whole, erf_float32
+from tinygrad_ckpt.backend.erf import CLAMP, _erf_whole, erf_float32
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

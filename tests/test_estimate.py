@@ -7,6 +7,7 @@ import pytest
 
 from tinygrad_ckpt import estimate as est
 from tinygrad_ckpt.estimate import GPTShape
+from tinygrad_ckpt.units import format_bytes
 
 
 def test_dtype_bytes():
@@ -20,11 +21,11 @@ def test_dtype_bytes():
 
 
 def test_format_bytes():
-    assert est.format_bytes(512) == "512 B"
-    assert est.format_bytes(1536) == "1.5 KiB"
-    assert est.format_bytes(24 * 2**30) == "24.0 GiB"
-    assert est.format_bytes(25_769_803_776, decimal=True) == "25.8 GB"
-    assert est.format_bytes(-2048) == "-2.0 KiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(24 * 2**30) == "24.0 GiB"
+    assert format_bytes(25_769_803_776, decimal=True) == "25.8 GB"
+    assert format_bytes(-2048) == "-2.0 KiB"
 
 
 def test_shape_defaults_and_validation():

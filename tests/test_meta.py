@@ -14,8 +14,8 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import backend, nn, optim
-from tinygrad_ckpt.meta import MetaArray, MetaBackend, MetaScalar, NoDataError
-from tinygrad_ckpt.meta import xp as mx
+from tinygrad_ckpt.backend.meta import MetaArray, MetaBackend, MetaScalar, NoDataError
+from tinygrad_ckpt.backend.meta import xp as mx
 
 
 @pytest.fixture
@@ -35,7 +35,7 @@ def meta_of(a: np.ndarray) -> MetaArray:
 # ---- the array itself ------------------------------------------------------------------------------
 def test_meta_array_basics(meta):
     a = mx.zeros((2, 3, 4), dtype=np.float16)
-    assert type(a).__module__ == "tinygrad_ckpt.meta" and backend.backend_of(a) == "meta"
+    assert type(a).__module__ == "tinygrad_ckpt.backend.meta" and backend.backend_of(a) == "meta"
     assert (a.shape, a.dtype, a.ndim, a.size, a.nbytes) == ((2, 3, 4), np.float16, 3, 24, 48)
     assert a.base is None and a.T.shape == (4, 3, 2) and a.T.base is a
     view = a[:, 1:, ::2]

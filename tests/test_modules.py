@@ -157,7 +157,7 @@ def test_train_eval_toggles_dropout(backend):
     _, l1 = model(idx, targets)
     _, l2 = model(idx, targets)
     assert l1.item() == l2.item()
-    assert "dropout" not in {e.op for e in l1._tape.entries}
+    assert "dropout" not in {e.op for e in l1.tape().entries}
     no_drop = tiny_gpt(dropout=0.0)
     no_drop.load_state_dict(model.state_dict())
     assert no_drop(idx, targets)[1].item() == l1.item()  # eval == no dropout at all
@@ -166,7 +166,7 @@ def test_train_eval_toggles_dropout(backend):
     _, l3 = model(idx, targets)
     _, l4 = model(idx, targets)
     assert l3.item() != l1.item() and l3.item() != l4.item()  # fresh masks each call
-    assert "dropout" in {e.op for e in l3._tape.entries}
+    assert "dropout" in {e.op for e in l3.tape().entries}
 
 
 def test_dropout_replays_with_the_same_rng_state():

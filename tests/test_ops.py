@@ -212,7 +212,7 @@ def test_registry_covers_every_op(rng):
         arrays = case.inputs(rng)
         tensors = [tg.Tensor(a, requires_grad=True) for a in arrays]
         out = _call(case, tensors)
-        seen |= {e.op for e in out._tape.entries}
+        seen |= {e.op for e in out.tape().entries}
     assert wanted - seen == set()
 
 
@@ -376,7 +376,7 @@ def test_scalar_constants_keep_the_tensor_dtype():
 def _saved_float_dtypes(out):
     return {
         (e.name, k, str(a.dtype))
-        for e in out._tape.entries for k, a in e.ctx.saved.items()
+        for e in out.tape().entries for k, a in e.ctx.saved.items()
         if hasattr(a, "dtype") and a.dtype.kind == "f"
     }
 

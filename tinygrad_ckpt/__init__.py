@@ -5,9 +5,9 @@ activation checkpointing buys it back.
     from tinygrad_ckpt import nn, optim, functional as F
 """
 
-from . import debug, functional, nn, optim  # noqa: E402,I001  (after Tensor)
+from . import debug, functional, nn, optim
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
-from .checkpoint import (  # noqa: E402
+from .checkpoint import (
     CheckpointError,
     Decision,
     Policy,
@@ -17,17 +17,17 @@ from .checkpoint import (  # noqa: E402
     save_matmuls,
     save_nothing,
 )
+from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
-from .tape import Tape, TapeEntry, name_scope, no_grad
-from .tensor import Parameter, Tensor
-
-detect_anomaly = debug.detect_anomaly
+from .state import enable_grad, name_scope, no_grad
+from .tape import Tape, TapeEntry, grad
+from .tensor import Parameter, Tensor, increment_version
 
 __all__ = [
-    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "name_scope",
-    "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger", "OutOfMemoryError",
-    "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy", "Decision", "save_nothing",
-    "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional", "nn", "optim",
+    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "grad", "no_grad", "enable_grad",
+    "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger",
+    "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy", "Decision",
+    "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional", "nn", "optim",
 ]
 __version__ = "0.1.0"

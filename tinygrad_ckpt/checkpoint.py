@@ -2,31 +2,33 @@
 
     y = tg.checkpoint(block, x)          # same value as block(x)
 
-Forward runs `fn` in "discard" mode: every op computes as usual and outputs still require grad,
-but nothing is saved and nothing is recorded. One tape entry (`[checkpoint]`) is recorded instead,
-holding only the segment's inputs and the RNG state. When backward reaches it, the entry replays
-`fn` onto a private sub-tape (ledger phase "recompute"), backpropagates through that sub-tape
-(parameters inside accumulate their gradients directly, whether or not the inputs require grad),
-and drops it. Replayed ops draw the same random numbers, so gradients are bitwise identical.
+`checkpoint` runs `fn` once with a `Segment` installed as this thread's segment hook (see
+function.py): every op computes as usual and its outputs still require grad, but nothing is saved
+and no entry is recorded. Then one ordinary op is recorded, `Checkpoint`, whose inputs are the
+segment's tensor arguments plus every older tensor the segment read that requires grad
+(parameters, tensors in a closure); it saves only the arguments' data and the RNG state. When
+backward reaches it, it replays `fn` (ledger phase "recompute") into a private graph, backpropagates
+through that graph capturing the gradients of its inputs (`tape.grad` style), and returns them.
+Replayed ops draw the same random numbers, so gradients are bitwise identical to the plain run
+(when each parameter is read once inside a segment, as in every model here).
 
-While the forward runs, every op that would have been recorded is *observed*: the shapes, dtypes
-and a float64 checksum of what it would have saved. The replay is compared against that list;
-the first op that differs is named in a `CheckpointError` (PyTorch compares metadata only).
+While the forward runs, the segment notes what every op would have saved: shapes, dtypes and a
+float64 checksum. The replay is compared against that list; the first op that differs is named in
+a `CheckpointError` (PyTorch compares metadata only).
 
 A `policy` makes the segment selective: for each op it decides "save" (keep what the op saves,
-and its output, as if not checkpointed) or "recompute", and says why. Saved ops are served from
+and its outputs, as if not checkpointed) or "recompute", and says why. Saved ops are served from
 that stash during the replay instead of running again.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
-from . import backend, ledger
-from .function import Context, Function
-from .tape import STATE, Tape, current_tape, name_scope, recording_mode, scoped_name
+from . import backend, observe, state
+from .function import Function
+from .tape import backward_steps, graph, key_of, run
 from .tensor import Tensor
 
 
@@ -97,7 +99,7 @@ save_matmuls = SaveMatmuls()
 korthikanti_selective = KorthikantiSelective()
 
 
-# ---- what a segment observes and stashes ------------------------------------------------------
+# ---- what a segment observes and keeps ----------------------------------------------------------
 def _checksum(a):
     be = backend.current()
     if be.name == "meta" or not be.is_array(a):
@@ -118,110 +120,164 @@ class Observation:
     rng: tuple
 
 
+@dataclass
+class Kept:
+    """What a policy kept of one op: per output a key into the kept arrays (or a zero-byte placeholder
+    for an output no recomputed op reads), per save a key or ("input", j) for the op's j-th input
+    (like JAX, a residual that is the producer's output is kept once, by the producer), and the plain
+    attributes its forward set."""
+
+    outputs: list
+    saves: dict
+    was_tuple: bool
+    attrs: dict
+    decision: Decision
+
+    def serve(self, kept: dict, arrays):
+        outs = tuple(kept[k] if isinstance(k, str) else k for k in self.outputs)
+        saves = {name: arrays[k[1]] if isinstance(k, tuple) else kept[k] for name, k in self.saves.items()}
+        return (outs if self.was_tuple else outs[0]), saves
+
+
 class Segment:
-    """Bookkeeping for one checkpointed segment: the forward's observations and the policy stash."""
+    """The hook a checkpointed segment installs on the ops it runs: during its first forward (`records`
+    False: observe, keep what the policy says, record nothing) or during a replay (`records` True)."""
 
-    def __init__(self, policy: Policy | None, check: str):
-        self.policy = policy
-        self.check = check  # "values" | "metadata" | "none"
-        self.observed: dict[int, Observation] = {}  # op index -> what it saved (forward or replay)
-        self.stash: dict[int, tuple] = {}  # op index -> (outputs, own saves, input refs, decision, was_tuple, attrs)
-        self.consumed: set[int] = set()  # ids of stashed outputs read by recomputed ops
-        self.implicit: dict[int, Tensor] = {}  # recorded tensors from outside read inside
-        self.count = 0
-        self.replaying = False
-        self.rng_from: Segment | None = None  # replay: the forward whose per-op RNG states to reuse
+    def __init__(self, policy: Policy | None, check: str, explicit=(), forward: Segment | None = None,
+                 kept: dict | None = None):
+        self.policy, self.check = policy, check  # check: "values" | "metadata" | "none"
+        self.records = forward is not None
+        self.forward = forward  # replay: the forward's segment (its observations and what it kept)
+        self.kept = kept if kept is not None else {}  # key -> array kept by the policy
+        self.observed: dict[int, Observation] = {}  # op index -> what it saved
+        self.stash: dict[int, Kept] = {}  # op index -> what the policy kept of it
+        self.reports: dict[str, str] = {}  # kept key -> the name it was reported to the observer under
+        self.consumed: set[int] = set()  # ids of kept outputs read by recomputed ops
+        self.explicit = {id(t) for t in explicit}
+        self.implicit: dict[int, Tensor] = {}  # older tensors requiring grad read inside (not arguments)
+        self.start = Tensor._next_uid()  # tensors made from here on were made inside
+        self.count = 0  # ops run so far: their index
+        self.nested = 0  # >0 while an inner checkpoint runs as a plain call inside this forward
 
-    def _observe(self, index, cls, name, ctx, rng) -> None:
+    def run(self, fn, name, ctx, arrays, params, inputs):
+        """Called by Function.apply for every op inside the segment: run (or serve) its forward."""
+        if self.records:
+            return self._replay_op(fn, name, ctx, arrays, params)
+        for x in inputs:
+            if isinstance(x, Tensor) and x.requires_grad and x._uid < self.start and id(x) not in self.explicit:
+                self.implicit.setdefault(id(x), x)
+        if self.nested:  # inside an inner checkpoint's forward: counted as one op (run_nested)
+            out = fn.forward(ctx, *arrays, **params)
+            ctx.saved = {}
+            return out
+        return self._forward_op(fn, name, ctx, arrays, params)
+
+    def run_nested(self, fn, args, kwargs):
+        """A checkpoint met inside this segment's forward: a plain call, one op of this segment (in the
+        replay it runs as a real checkpoint, recorded as one Checkpoint op)."""
+        self.count += self.nested == 0  # a checkpoint inside that one is part of the same op
+        self.nested += 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.nested -= 1
+
+    def _observe(self, index, fn, name, ctx, rng) -> None:
         saves = tuple(
             (k, tuple(a.shape), str(a.dtype), _checksum(a) if self.check == "values" else None)
             for k, a in ctx.saved.items() if backend.current().is_array(a)
         )
-        self.observed[index] = Observation(index, cls.kind(), name, saves, rng)
+        self.observed[index] = Observation(index, fn.kind(), name, saves, rng)
 
-    def run_op(self, cls, name, ctx, arrays, params, inputs):
-        """Called by Function.apply for every op inside the segment (forward or replay)."""
-        index = self.count
-        self.count += 1
-        if not self.replaying:
-            return self._forward_op(index, cls, name, ctx, arrays, params, inputs)
-        return self._replay_op(index, cls, name, ctx, arrays, params)
-
-    def _forward_op(self, index, cls, name, ctx, arrays, params, inputs):
-        for x in inputs:
-            if isinstance(x, Tensor) and x.requires_grad and x._tape is not None:
-                self.implicit.setdefault(x._uid, x)  # recorded outside, read in here
+    def _forward_op(self, fn, name, ctx, arrays, params):
+        index, self.count = self.count, self.count + 1
         rng = backend.get_rng_state()
-        out = cls.forward(ctx, *arrays, **params)
-        if not ctx.saving:
-            return out
-        self._observe(index, cls, name, ctx, rng)
-        decision = self.policy.decide(cls.kind(), name) if self.policy is not None else None
-        if decision is not None and decision.save:
-            self._stash(index, name, ctx, arrays, out, decision)
-        else:
-            self._mark_consumed(arrays)  # a recomputed op reads all its inputs again in the replay
-        ctx.saved = {}
+        out = fn.forward(ctx, *arrays, **params)
+        if ctx.saving:
+            self._observe(index, fn, name, ctx, rng)
+            decision = self.policy.decide(fn.kind(), name) if self.policy is not None else None
+            if decision is not None and decision.save:
+                self._keep(index, name, ctx, arrays, out, decision)
+            else:
+                self._mark_consumed(arrays)  # a recomputed op reads all its inputs again in the replay
+            ctx.saved = {}
         return out
 
-    def _stash(self, index, name, ctx, arrays, out, decision) -> None:
-        """Keep what a "save" op saved. A saved array that is one of the op's own inputs is kept by
-        reference to that input (like JAX, the residual is the producer's output, not a copy)."""
+    def _keep(self, index, name, ctx, arrays, out, decision) -> None:
+        """Keep what a "save" op saved and its outputs; report them to the observer as saved."""
         outs = out if isinstance(out, tuple) else (out,)
-        refs, own = {}, {}
+        new: dict[str, object] = {}
+        saves = {}
         for key, a in ctx.saved.items():
             position = next((j for j, x in enumerate(arrays) if x is a), None)
             if position is None:
-                own[key] = a
+                saves[key] = f"kept{index}.{key}"
+                new[saves[key]] = a
             else:
-                refs[key] = position
-        self._mark_consumed([arrays[j] for j in refs.values()])
+                saves[key] = ("input", position)
+        self._mark_consumed([arrays[k[1]] for k in saves.values() if isinstance(k, tuple)])
+        outputs = []
+        for i, o in enumerate(outs):
+            outputs.append(f"kept{index}.out{i}")
+            new[outputs[-1]] = o
         attrs = {k: v for k, v in vars(ctx).items() if k not in ("saved", "saving", "needs_input_grad")}
-        self.stash[index] = (outs, own, refs, decision, isinstance(out, tuple), attrs)
-        led = ledger.current()
-        if led is not None:
-            led.save(f"{name}[kept: {decision.reason}]", {**own, **{f"out{i}": o for i, o in enumerate(outs)}})
+        self.stash[index] = Kept(outputs, saves, isinstance(out, tuple), attrs, decision)
+        self.kept.update(new)
+        report = f"{name}[kept: {decision.reason}]"
+        self.reports.update(dict.fromkeys(new, report))
+        observer = state.local.observer
+        if observer is not None:
+            observer.on_save(report, new)
 
     def _mark_consumed(self, arrays) -> None:
         ids = {id(a) for a in arrays}
-        for outs, *_ in self.stash.values():
-            self.consumed.update(id(o) for o in outs if id(o) in ids)
+        self.consumed.update(id(self.kept[k]) for kept in self.stash.values() for k in kept.outputs
+                             if isinstance(k, str) and id(self.kept[k]) in ids)
 
-    def _replay_op(self, index, cls, name, ctx, arrays, params):
-        if index in self.stash:  # kept by the policy: served, not recomputed
-            outs, own, refs, _, was_tuple, attrs = self.stash[index]
-            vars(ctx).update(attrs)  # the plain attributes its forward set (shapes, flags)
-            saved = {**own, **{key: arrays[j] for key, j in refs.items()}}
-            ctx.saved = saved if ctx.saving else {}
-            ctx.served = True
-            ctx.flops = (0, attrs["flops"][1])
-            out = outs if was_tuple else outs[0]
+    def _replay_op(self, fn, name, ctx, arrays, params):
+        index, self.count = self.count, self.count + 1
+        kept = self.forward.stash.get(index)
+        if kept is not None:  # kept by the policy: served, not recomputed
+            out, saves = kept.serve(self.kept, arrays)
+            vars(ctx).update(kept.attrs)  # the plain attributes its forward set (shapes, flags)
+            ctx.saved = saves if ctx.saving else {}
+            ctx.served = True  # the ledger calls these saves "restored"
+            ctx.flops = (0, kept.attrs["flops"][1])
         else:
-            forward_obs = self.rng_from.observed.get(index) if self.rng_from is not None else None
-            if forward_obs is not None:
-                backend.set_rng_state(forward_obs.rng)  # the same random numbers as in forward
-            out = cls.forward(ctx, *arrays, **params)
-        if ctx.saving:
-            self._observe(index, cls, name, ctx, None)
+            seen = self.forward.observed.get(index)
+            if seen is not None and seen.rng is not None:
+                backend.set_rng_state(seen.rng)  # the same random numbers as in the forward
+            out = fn.forward(ctx, *arrays, **params)
+        if ctx.saving and fn is not Checkpoint:
+            self._observe(index, fn, name, ctx, None)
         return out
 
-    def finish_forward(self) -> dict:
-        """After the forward: drop stashed outputs no recomputed op reads; return the stash's arrays."""
-        led = ledger.current()
-        kept = {}
-        for index, (outs, own, *rest) in self.stash.items():
-            new_outs = []
-            for i, o in enumerate(outs):
-                if id(o) in self.consumed or any(o is s for s in own.values()):
-                    new_outs.append(o)
-                    kept[f"stash{index}.out{i}"] = o
-                else:
-                    new_outs.append(_placeholder(o))
-                    if led is not None:
-                        led.unsave(f"stash{index}", {"out": o})
-            self.stash[index] = (tuple(new_outs), own, *rest)
-            kept.update({f"stash{index}.{k}": a for k, a in own.items()})
-        return kept
+    def finish_forward(self, preserve_rng: bool) -> None:
+        """After the forward: drop kept outputs that no recomputed op reads (a placeholder stays)."""
+        if not preserve_rng:
+            for seen in self.observed.values():
+                seen.rng = None
+        observer = state.local.observer
+        for kept in self.stash.values():
+            for i, key in enumerate(kept.outputs):
+                a = self.kept[key]
+                if id(a) not in self.consumed and all(a is not self.kept.get(k) for k in kept.saves.values()
+                                                       if isinstance(k, str)):
+                    kept.outputs[i] = _placeholder(a)
+                    del self.kept[key]
+                    if observer is not None:
+                        observer.on_release(self.reports.pop(key), {key: a})
+        self.implicit_tensors = list(self.implicit.values())
+        self.implicit.clear()  # the entry's edges reach them now; this segment must not hold their data
+
+    def hand_over(self) -> None:
+        """The Checkpoint entry holds the kept arrays now: end this segment's own report of them."""
+        observer = state.local.observer
+        if observer is not None:
+            for key, report in self.reports.items():
+                observer.on_release(report, {key: self.kept[key]})
+        self.reports.clear()
+        self.kept = {}
 
     def compare(self, replay: Segment) -> None:
         """Raise CheckpointError at the first op whose replay saved something different."""
@@ -264,55 +320,86 @@ def _placeholder(a):
     return xp.broadcast_to(xp.zeros((), dtype=a.dtype), a.shape)
 
 
-# ---- the checkpoint entry ---------------------------------------------------------------------
+# ---- the checkpoint op ----------------------------------------------------------------------------
+@dataclass
+class Replay:
+    """How to run a segment again: the function, where its tensor arguments go, the RNG state and name
+    scope of the forward, and the forward's segment (observations, what the policy kept)."""
+
+    fn: object
+    structure: object
+    requires_grad: tuple  # per tensor argument
+    arg_keys: tuple  # per tensor argument: its key_of (a replay that reads it from a closure reaches it)
+    implicit_keys: tuple  # per older tensor read inside: its key_of
+    rng: tuple | None
+    prefix: str
+    segment: Segment
+
+    def run(self, kept: dict):
+        """Replay the segment on fresh leaves holding the saved arguments; returns (leaves, outputs, the
+        sequence number before the replay's first entry)."""
+        leaves = [Tensor._from_op(kept[f"input{i}"], rg, None, 0) for i, rg in enumerate(self.requires_grad)]
+        args, kwargs = _rebuild(self.structure, leaves)
+        segment = Segment(self.segment.policy, self.segment.check, forward=self.segment, kept=kept)
+        outer_rng, start = backend.get_rng_state(), state.next_sequence()
+        try:
+            with state.patched(segment=segment, prefix=self.prefix, grad_enabled=True), observe.phase("recompute"):
+                if self.rng is not None:
+                    backend.set_rng_state(self.rng)
+                out = self.fn(*args, **kwargs)
+        finally:
+            backend.set_rng_state(outer_rng)
+        self.segment.compare(segment)
+        return leaves, _flatten(out), start
+
+
 class Checkpoint(Function):
-    """The tape entry of a checkpointed segment. Saves the segment's inputs (and, with a policy,
-    what the policy keeps); its backward replays the segment and backpropagates through it."""
+    """The entry of a checkpointed segment. Its forward already ran (see `checkpoint`): here it saves
+    the tensor arguments (and what a policy kept) and hands on the outputs. Its backward replays the
+    segment and backpropagates through the replay."""
 
     op = "checkpoint"
-    takes_grad_list = True  # backward gets the tape's list of incoming gradients, and empties it
 
     @staticmethod
-    def backward(ctx, grad_outs: list):
-        led = ledger.current()
-        sub = Tape()
-        replay_inputs = [
-            Tensor.from_op(ctx.saved[f"input{i}"], rg, None) for i, rg in enumerate(ctx.input_requires_grad)
-        ]
-        args, kwargs = _rebuild(ctx.structure, replay_inputs)
-        segment = Segment(ctx.policy, ctx.check)
-        segment.replaying, segment.stash = True, ctx.segment.stash
-        segment.rng_from = ctx.segment if ctx.rng_state is not None else None
-        outer_rng = backend.get_rng_state()
-        phase = led.phase("recompute") if led is not None else contextlib.nullcontext()
-        scope, STATE.scope = STATE.scope, list(ctx.scope)
-        try:
-            with phase, recording_mode("record", tape=sub, segment=segment):
-                if ctx.rng_state is not None:
-                    backend.set_rng_state(ctx.rng_state)
-                out = ctx.fn(*args, **kwargs)
-        finally:
-            STATE.scope = scope
-            backend.set_rng_state(outer_rng)
-        outputs = _flatten(out)
+    def forward(ctx, *arrays, replay: Replay, outputs):
+        ctx.save(**{f"input{i}": a for i, a in enumerate(arrays[:len(replay.requires_grad)])}, **replay.segment.kept)
+        ctx.replay = replay
+        ctx.mark_non_differentiable(*[i for i, o in enumerate(outputs) if not o.requires_grad])
+        return tuple(o.data for o in outputs)
+
+    @classmethod
+    def call_backward(cls, ctx, grad_outs: list) -> tuple:
+        replay = ctx.replay
+        leaves, outputs, start = replay.run(ctx.saved)
         if len(outputs) != len(grad_outs):
+            raise CheckpointError(f"the replay of a checkpointed segment returned {len(outputs)} tensors, "
+                                  f"its forward {len(grad_outs)}")
+        roots = [o for o, g in zip(outputs, grad_outs) if g is not None and o.requires_grad]
+        seeds = [g for o, g in zip(outputs, grad_outs) if g is not None and o.requires_grad]
+        grad_outs.clear()  # from here the replay's backward alone holds them, and frees each once consumed
+        n = len(leaves)
+        positions = {key_of(t): i for i, t in enumerate(leaves) if t.requires_grad}
+        positions.update({k: i for i, k in enumerate(replay.arg_keys) if _alive(k)})
+        positions.update({k: n + j for j, k in enumerate(replay.implicit_keys) if _alive(k)})
+        stray = [e for e in graph(roots, positions) if e.seq < start]
+        if stray:
             raise CheckpointError(
-                f"checkpoint '{ctx.name}': the replay returned {len(outputs)} tensors, the forward {len(grad_outs)}"
+                f"the replay of a checkpointed segment read '{stray[-1].name}', a tensor from outside that its "
+                "forward did not read. The segment must read the same tensors each time it runs."
             )
-        ctx.segment.compare(segment)
-        grads = {o._uid: g for o, g in zip(outputs, grad_outs) if o.requires_grad and g is not None}
-        grad_outs.clear()  # from here the sub-tape alone holds them, and frees each once consumed
-        slots = [t._uid for t in replay_inputs] + list(ctx.implicit_uids)
-        del out, outputs, args, kwargs, replay_inputs
-        steps = sub.backward_steps(grads, capture=slots)
-        del grads
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                captured = done.value
-                break
-        return tuple(captured.get(uid) for uid in slots)
+        del outputs  # the replayed outputs' data can go once their entries no longer need it
+        captured = run(backward_steps(roots, seeds, capture=set(positions)))  # leaves stay alive till here
+        grads = [None] * (n + len(replay.implicit_keys))
+        for key, i in positions.items():
+            g = captured.get(key)
+            if g is not None:
+                grads[i] = g if grads[i] is None else grads[i] + g
+        return tuple(grads)
+
+
+def _alive(key) -> bool:
+    """A key_of key still names a tensor (a weak reference to a leaf dies with the leaf)."""
+    return key is not None and (isinstance(key, tuple) or key() is not None)
 
 
 def _tree_map(fn, obj, leaf_type=Tensor):
@@ -354,40 +441,31 @@ def _rebuild(structure, tensors):
     return args, kwargs
 
 
-def checkpoint(fn, *args, preserve_rng_state: bool = True, policy: Policy | None = None,
+def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy: Policy | None = None,
                determinism_check: str = "values", **kwargs):
-    """fn(*args, **kwargs), keeping only the inputs now and replaying `fn` in backward.
+    """fn(*args, **kwargs), keeping only the tensor arguments now and replaying `fn` in backward.
 
-    preserve_rng_state: replay with the RNG state the forward had (dropout masks match).
-    policy: a Policy (save_nothing, save_matmuls, korthikanti_selective, or your own) to keep some
-    ops' saves; None recomputes everything. determinism_check: "values" (shapes, dtypes and
-    checksums of what the replay saves must match), "metadata" (shapes and dtypes), or "none".
-    Under tg.no_grad() this is a plain call.
+    name: the entry's name on the tape (default: the module's name, e.g. "h.3"). preserve_rng_state:
+    replay with the RNG state the forward had (dropout masks match). policy: a Policy (save_nothing,
+    save_matmuls, korthikanti_selective, or your own) to keep some ops' saves; None recomputes
+    everything. determinism_check: "values" (shapes, dtypes and checksums of what the replay saves
+    must match), "metadata" (shapes and dtypes), or "none". Under tg.no_grad() this is a plain call.
     """
     if determinism_check not in ("values", "metadata", "none"):
         raise ValueError(
             f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got {determinism_check!r}"
         )
-    if not STATE.grad_enabled:
+    st = state.local
+    if not st.grad_enabled:
         return fn(*args, **kwargs)
-    outer = STATE.segment
-    if STATE.mode == "discard":  # inside an enclosing checkpoint's forward: a plain call, observed as one op
-        if outer is not None:
-            outer.count += 1
-        with recording_mode("discard", segment=None):
-            return fn(*args, **kwargs)
+    if st.segment is not None and not st.segment.records:  # inside an enclosing checkpoint's forward
+        return st.segment.run_nested(fn, args, kwargs)
 
     tensors: list[Tensor] = []
     structure = _structure((args, kwargs), tensors)
-    name = scoped_name("checkpoint")
-    segment = Segment(policy, determinism_check)
-    rng_state = backend.get_rng_state() if preserve_rng_state else None
-    led = ledger.current()
-    if led is not None:
-        led.begin_forward()
-    if outer is not None:  # a checkpoint met during an enclosing replay: one op of that replay
-        outer.count += 1
-    with recording_mode("discard", segment=segment):
+    segment = Segment(policy, determinism_check, explicit=tensors)
+    rng = backend.get_rng_state()
+    with state.patched(segment=segment):
         out = fn(*args, **kwargs)
     outputs = _flatten(out)
     if not outputs:
@@ -395,32 +473,17 @@ def checkpoint(fn, *args, preserve_rng_state: bool = True, policy: Policy | None
             f"checkpoint: {getattr(fn, '__name__', fn)!r} returned {type(out).__name__}, not a Tensor: the function "
             "must return a Tensor or a tuple/list/dict of Tensors."
         )
-    if not any(o.requires_grad for o in outputs):
-        return out
-    kept = segment.finish_forward()
-
-    implicit = [t for uid, t in segment.implicit.items() if all(uid != x._uid for x in tensors)]
-    ctx = Context(tuple(t.requires_grad for t in tensors + implicit), saving=True)
-    ctx.save(**{f"input{i}": t.data for i, t in enumerate(tensors + implicit)})
-    ctx.fn, ctx.structure, ctx.policy, ctx.check, ctx.segment = fn, structure, policy, determinism_check, segment
-    ctx.input_requires_grad = tuple(t.requires_grad for t in tensors)
-    ctx.implicit_uids = tuple(t._uid for t in implicit)
-    ctx.rng_state, ctx.scope, ctx.name = rng_state, list(STATE.scope), name
-    tape = current_tape()
-    for t in tensors + implicit:
-        if t.requires_grad and t._tape is None:
-            tape.add_leaf(t)
-    results = {id(o): Tensor.from_op(o.data, o.requires_grad, tape) for o in outputs}
-    if led is not None:
-        led.forward_op("checkpoint", name, ctx, [o.data for o in outputs])
-    ctx.saved.update(kept)
-    tape.record(
-        Checkpoint, "checkpoint", name, ctx,
-        tuple(t._uid if t.requires_grad else None for t in tensors + implicit),
-        tuple(results[id(o)]._uid for o in outputs),
-        tuple((t.shape, t.dtype) for t in tensors + implicit), tuple((o.shape, o.dtype) for o in outputs),
-    )
-    return _tree_map(lambda t: results.get(id(t), t), out)
+    segment.finish_forward(preserve_rng_state)
+    implicit = segment.implicit_tensors
+    del segment.implicit_tensors
+    replay = Replay(fn, structure, tuple(t.requires_grad for t in tensors),
+                    tuple(key_of(t) if t.requires_grad else None for t in tensors),
+                    tuple(key_of(t) for t in implicit), rng if preserve_rng_state else None, st.prefix, segment)
+    with state.name_scope(name or getattr(fn, "_name", "")):
+        results = Checkpoint.apply(*tensors, *implicit, replay=replay, outputs=outputs)
+    segment.hand_over()
+    results = iter(results if isinstance(results, tuple) else (results,))
+    return _tree_map(lambda t: next(results), out)
 
 
 # ---- plans over a chain of blocks -------------------------------------------------------------
@@ -501,5 +564,5 @@ def run_checkpointed(blocks, x, spec):
 
 __all__ = [
     "checkpoint", "checkpoint_sequential", "run_plan", "run_checkpointed", "CheckpointError", "Policy",
-    "Decision", "save_nothing", "save_matmuls", "korthikanti_selective", "name_scope",
+    "Decision", "save_nothing", "save_matmuls", "korthikanti_selective",
 ]

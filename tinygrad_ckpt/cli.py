@@ -24,21 +24,18 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import estimate as est
+from .units import format_bytes, parse_bytes
 
 _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
            "float": "float32", "single": "float32", "float64": "float64", "fp64": "float64", "double": "float64"}
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '80GB' (10^9), '80GiB' (2^30), '40e9', '512 MiB' or a plain number."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
-    if not match or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"cannot read {text!r} as a size: use a number of bytes with an optional unit, e.g. 80GB, 80GiB, 40e9"
-        )
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    """Bytes from '80GB' (10^9), '80GiB' (2^30), '40e9', '512 MiB' or a plain number (units.parse_bytes)."""
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _dtype(text: str) -> str:
@@ -123,7 +120,7 @@ def measure(shape: est.GPTShape, optimizer: str = "adamw", checkpoint="none") ->
 
 # ---- the report ----------------------------------------------------------------------------------
 def _b(n: float) -> str:
-    return f"{est.format_bytes(n)} ({est.format_bytes(n, decimal=True)})"
+    return f"{format_bytes(n)} ({format_bytes(n, decimal=True)})"
 
 
 def _row(label: str, measured: str = "", formula: str = "", note: str = "") -> str:
@@ -181,16 +178,16 @@ def report(m: Measurement, capacity: int | None) -> str:
         _row("total peak", _b(led.peak_bytes())),
         "",
         "activations saved per block          bytes                   × layers",
-        _row("measured (ledger, mean of h.i)", f"{m.per_layer_saved:,}", est.format_bytes(L * m.per_layer_saved),
+        _row("measured (ledger, mean of h.i)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
              {"none": "", "selective": "kept in forward + saved by the replays"}.get(
                  m.checkpoint, "saved by the replays, in backward")),
-        _row("engine (engine_activation_terms)", f"{engine_layer:,}", est.format_bytes(L * engine_layer)),
-        _row("seed: 12·B·T·d·bytes", f"{seed_layer:,}", est.format_bytes(L * seed_layer)),
-        _row("Korthikanti 2022: sbh(34+5as/h)", f"{k22_layer:,}", est.format_bytes(L * k22_layer),
+        _row("engine (engine_activation_terms)", f"{engine_layer:,}", format_bytes(L * engine_layer)),
+        _row("seed: 12·B·T·d·bytes", f"{seed_layer:,}", format_bytes(L * seed_layer)),
+        _row("Korthikanti 2022: sbh(34+5as/h)", f"{k22_layer:,}", format_bytes(L * k22_layer),
              f"at {v} B per value, 1 B per dropout-mask element"),
         _row("Korthikanti selective / full", f"{est.korthikanti_selective_bytes(T, B, d, v):,}",
-             est.format_bytes(L * est.korthikanti_selective_bytes(T, B, d, v)),
-             f"full recompute: {est.format_bytes(L * est.korthikanti_full_recompute_bytes(T, B, d, v))}"),
+             format_bytes(L * est.korthikanti_selective_bytes(T, B, d, v)),
+             f"full recompute: {format_bytes(L * est.korthikanti_full_recompute_bytes(T, B, d, v))}"),
         "",
         "FLOPs                               measured (every op)     formula (matmuls only)",
         _row("forward", f"{led.flops('forward'):.4e}", f"{fwd:.4e}"),
@@ -204,8 +201,8 @@ def report(m: Measurement, capacity: int | None) -> str:
         lines += ["", f"note: some saved activations are {', '.join(drift)} although the model is {s.dtype}"]
     if capacity is not None:
         peak = led.peak_bytes()
-        verdict = (f"fits, {est.format_bytes(capacity - peak)} to spare" if peak <= capacity
-                   else f"does NOT fit: {est.format_bytes(peak - capacity)} over")
+        verdict = (f"fits, {format_bytes(capacity - peak)} to spare" if peak <= capacity
+                   else f"does NOT fit: {format_bytes(peak - capacity)} over")
         lines += ["", f"capacity {_b(capacity)}: total peak {_b(peak)} {verdict}"]
     return "\n".join(lines)
 

@@ -1,29 +1,30 @@
 """Debugging aids: stop in pdb before a tape entry's backward, and find the first NaN/Inf.
 
     tg.debug.break_before("softmax")      # or TINYGRAD_CKPT_BREAK=softmax in the environment
-    loss.backward()                       # pdb opens inside Tape.backward_steps; try `p entry`,
-                                          # `p entry.ctx.saved`, `p [g.shape for g in grad_outs]`
+    loss.backward()                       # pdb opens inside tape.backward_steps; try `p entry`,
+                                          # `p entry.ctx`, `p [g.shape for g in grad_outs]`
 
 A pattern matches an entry's op kind ("softmax") or any part of its scoped name ("h.3.attn").
+
+`detect_anomaly()` also fingerprints every saved array when it is saved and checks it again before
+backward reads it, which catches a change made behind the engine's back (`tensor.data[...] = ...`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
 import sys
+import zlib
 
-_patterns: list[str] = [p for p in os.environ.get("TINYGRAD_CKPT_BREAK", "").split(",") if p]
-_anomaly = {"on": False}
+from . import backend, state
 
 
 def break_before(*patterns: str) -> None:
     """Open pdb before the backward of every tape entry whose op or scoped name matches."""
-    _patterns.extend(patterns)
+    state.breakpoints.extend(patterns)
 
 
 def clear_breakpoints() -> None:
-    _patterns.clear()
+    state.breakpoints.clear()
 
 
 def matches(entry, pattern: str) -> bool:
@@ -33,7 +34,7 @@ def matches(entry, pattern: str) -> bool:
 
 
 def should_break(entry) -> bool:
-    return bool(_patterns) and any(matches(entry, p) for p in _patterns)
+    return any(matches(entry, p) for p in state.breakpoints)
 
 
 def enter_debugger(entry) -> None:
@@ -44,40 +45,54 @@ def enter_debugger(entry) -> None:
     pdb.Pdb().set_trace(sys._getframe(1))
 
 
-@contextlib.contextmanager
 def detect_anomaly():
-    """Raise at the first op (by scoped name) whose forward or backward produces NaN or Inf."""
-    previous = _anomaly["on"]
-    _anomaly["on"] = True
-    try:
-        yield
-    finally:
-        _anomaly["on"] = previous
+    """Raise at the first op (by scoped name) whose forward or backward produces NaN or Inf, and at the
+    first backward that reads a saved array changed since it was saved (this thread only)."""
+    return state.patched(anomaly=True)
 
 
 def _bad(a) -> bool:
-    from .backend import current
-
-    if current().name == "meta" or a is None or a.dtype.kind not in "fc":
+    be = backend.current()
+    if be.name == "meta" or a is None or a.dtype.kind not in "fc":
         return False
-    return not bool(current().xp.isfinite(a).all())
+    return not bool(be.xp.isfinite(a).all())
 
 
-def check_forward(name: str, outputs) -> None:
-    if _anomaly["on"]:
-        for i, out in enumerate(outputs):
-            if _bad(out):
-                raise FloatingPointError(
-                    f"anomaly: forward of '{name}' produced NaN/Inf in output {i} of shape {list(out.shape)}; "
-                    "inspect its inputs (e.g. log of a non-positive value, overflow in exp)."
-                )
+def check_forward(name: str, outputs, entry) -> None:
+    """Under detect_anomaly, after an op's forward: no NaN/Inf out, and fingerprint what it saved."""
+    for i, out in enumerate(outputs):
+        if _bad(out):
+            raise FloatingPointError(
+                f"anomaly: forward of '{name}' produced NaN/Inf in output {i} of shape {list(out.shape)}; "
+                "inspect its inputs (e.g. log of a non-positive value, overflow in exp)."
+            )
+    if entry is not None:
+        entry.fingerprints = {k: _fingerprint(a) for k, a in entry.ctx.saved.items()}
 
 
 def check_backward(entry, grad_ins) -> None:
-    if _anomaly["on"]:
-        for i, g in enumerate(grad_ins):
-            if _bad(g):
-                raise FloatingPointError(
-                    f"anomaly: backward of '{entry.name}' ({entry.op}) produced NaN/Inf in the gradient of "
-                    f"input {i} of shape {list(g.shape)}; its saved arrays are {list(entry.ctx.saved)}."
-                )
+    for i, g in enumerate(grad_ins):
+        if _bad(g):
+            raise FloatingPointError(
+                f"anomaly: backward of '{entry.name}' ({entry.op}) produced NaN/Inf in the gradient of "
+                f"input {i} of shape {list(g.shape)}; its saved arrays are {list(entry.ctx.saved)}."
+            )
+
+
+def _fingerprint(a):
+    be = backend.current()
+    if not be.is_array(a) or be.name == "meta":
+        return None
+    return zlib.crc32(be.to_numpy(a).tobytes())
+
+
+def check_fingerprints(entry) -> None:
+    """Raise if an array `entry` saved no longer holds what it held when saved."""
+    for key, a in entry.ctx.saved.items():
+        before = entry.fingerprints.get(key)
+        if before is not None and _fingerprint(a) != before:
+            raise RuntimeError(
+                f"'{entry.name}' [{entry.op}] saved '{key}' {list(a.shape)} {a.dtype} for backward, but its values "
+                "changed afterwards (a write such as tensor.data[...] = ..., which the engine cannot see). Make the "
+                "change after backward(), or on a copy."
+            )

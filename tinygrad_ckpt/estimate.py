@@ -22,6 +22,8 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .units import format_bytes
+
 _DTYPE_BYTES = {
     "float16": 2, "half": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
     "float32": 4, "float": 4, "fp32": 4, "single": 4,
@@ -38,17 +40,6 @@ def dtype_bytes(dtype) -> int:
         return _DTYPE_BYTES[name]
     except KeyError:
         raise ValueError(f"unknown dtype {dtype!r}") from None
-
-
-def format_bytes(n: float, decimal: bool = False, digits: int = 1) -> str:
-    """'24.0 GiB' (binary, default) or '25.8 GB' (decimal=True); plain 'B' below one unit."""
-    base, units = (1000, ("B", "kB", "MB", "GB", "TB", "PB")) if decimal else (
-        1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
-    sign, x = ("-" if n < 0 else ""), abs(n)
-    i = 0
-    while x >= base and i < len(units) - 1:
-        x, i = x / base, i + 1
-    return f"{sign}{int(x)} B" if i == 0 else f"{sign}{x:.{digits}f} {units[i]}"
 
 
 @dataclass

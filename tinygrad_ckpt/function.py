@@ -10,49 +10,40 @@
         def backward(ctx, grad_out):
             return grad_out * ctx.saved["out"]
 
-`Function.apply` is the only place that unwraps Tensors into arrays and wraps results back. It
-decides whether the op is recorded: an op is recorded when gradients are enabled and some input
-requires grad. Only then does `ctx.save` keep anything, so an op run under `no_grad` (or inside a
-checkpointed segment's forward) saves nothing at all.
+`Function.apply` is the only place that unwraps Tensors into arrays and wraps results back. An op
+is recorded (a `TapeEntry` is made) when gradients are enabled and some input requires grad; only
+then does `ctx.save` keep anything, so an op run under `no_grad` saves nothing at all.
+
+A checkpointed segment has one hook on the ops it runs: while `state.local.segment` is set, apply
+asks it to run the forward (`segment.run(fn, name, ctx, arrays, params, inputs)`), and records an
+entry only if `segment.records` (a segment's first forward keeps nothing; its replay records).
 """
 
 from __future__ import annotations
 
-from . import backend, debug, ledger
-from .tape import STATE, current_tape, scoped_name
+from . import backend, debug, state
+from .tape import TapeEntry, key_of
+from .tensor import Tensor
 
 
 class Context:
-    """Per-call scratch space: `save(name=array)` for backward, plus any plain attributes."""
+    """Per-call scratch space: `save(name=array)` for backward, plus plain attributes the op sets."""
 
     def __init__(self, needs_input_grad: tuple, saving: bool):
         self.needs_input_grad = needs_input_grad
         self.saving = saving
         self.saved: dict = {}
         self.flops = (0, 0)  # (forward, backward) floating-point operations, set by the op
+        self.non_differentiable = ()  # indices of outputs that never require grad
 
     def save(self, **arrays) -> None:
         """Keep arrays for backward (only when the op is being recorded)."""
         if self.saving:
             self.saved.update(arrays)
 
-    def saved_bytes(self) -> int:
-        seen, total = set(), 0
-        for a in self.saved.values():
-            if backend.current().is_array(a):
-                owner, nbytes = backend.current().buffer(a)
-                if id(owner) not in seen:
-                    seen.add(id(owner))
-                    total += nbytes
-        return total
-
-    def release(self, name: str = "") -> None:
-        led = ledger.current()
-        if led is not None and self.saved:
-            led.unsave(name, self.saved)
-        self.saved.clear()
-        if "segment" in self.__dict__:  # a checkpoint entry: let go of its stash and replay state too
-            self.segment = None
+    def mark_non_differentiable(self, *indices: int) -> None:
+        """These outputs never require grad (e.g. integer results)."""
+        self.non_differentiable = indices
 
     def __repr__(self) -> str:
         saves = ", ".join(f"{k}: {list(v.shape)} {v.dtype}" for k, v in self.saved.items() if hasattr(v, "shape"))
@@ -69,8 +60,15 @@ class Function:
         raise NotImplementedError
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def backward(ctx, *grad_outs):
         raise NotImplementedError
+
+    @classmethod
+    def call_backward(cls, ctx, grad_outs: list) -> tuple:
+        """What the backward loop calls: `backward(ctx, *grad_outs)` as a tuple, one gradient per input.
+        (A Function that replays a segment overrides this, to free `grad_outs` as soon as it can.)"""
+        grad_ins = cls.backward(ctx, *grad_outs)
+        return grad_ins if isinstance(grad_ins, tuple) else (grad_ins,)
 
     @classmethod
     def kind(cls) -> str:
@@ -78,51 +76,37 @@ class Function:
 
     @classmethod
     def apply(cls, *inputs, **params):
-        from .tensor import Tensor
-
+        """Unwrap the inputs, run forward on raw arrays, record an entry if a gradient can flow, wrap the outputs."""
+        st = state.local
         arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
         _check_same_backend(cls.kind(), arrays)
-        grad_inputs = [isinstance(x, Tensor) and x.requires_grad for x in inputs]
-        requires_grad = STATE.grad_enabled and any(grad_inputs)
-        recording = requires_grad and STATE.mode == "record"
-        segment = STATE.segment  # inside a checkpointed segment: it observes (and may serve) every op
-        ctx = Context(tuple(g and requires_grad for g in grad_inputs), saving=recording or (
-            segment is not None and requires_grad))
-        name = scoped_name(cls.kind())
-        led = ledger.current()
-        if led is not None:
-            led.begin_forward()
-        if segment is not None:
-            out = segment.run_op(cls, name, ctx, arrays, params, inputs)
-        else:
+        needs_grad = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
+        requires_grad = any(needs_grad)
+        ctx = Context(needs_grad, saving=requires_grad)
+        name = st.prefix + cls.kind()
+        if st.observer is not None:
+            st.observer.on_op_start()
+        segment = st.segment
+        if segment is None:
             out = cls.forward(ctx, *arrays, **params)
-        outs = out if isinstance(out, tuple) else (out,)
-        debug.check_forward(name, outs)
-
-        if recording:
-            tape = current_tape()
-            for x in inputs:
-                if isinstance(x, Tensor) and x.requires_grad and x._tape is None:
-                    tape.add_leaf(x)
-            slots = tuple(x._uid if isinstance(x, Tensor) and x.requires_grad else None for x in inputs)
-            results = tuple(Tensor.from_op(o, True, tape) for o in outs)
-            if led is not None:
-                led.forward_op(cls.kind(), name, ctx, outs)  # may raise OutOfMemoryError: nothing recorded yet
-            tape.record(
-                cls, cls.kind(), name, ctx, slots, tuple(r._uid for r in results),
-                tuple(_meta(a) for a in arrays), tuple(_meta(o) for o in outs),
-            )
         else:
-            results = tuple(Tensor.from_op(o, requires_grad, None) for o in outs)
-            if led is not None:
-                led.forward_op(cls.kind(), name, ctx, outs)
+            out = segment.run(cls, name, ctx, arrays, params, inputs)
+        outs = out if isinstance(out, tuple) else (out,)
+        entry = None
+        if requires_grad and (segment is None or segment.records):
+            edges = tuple(key_of(x) if needed else None for x, needed in zip(inputs, needs_grad))
+            entry = TapeEntry(cls, name, ctx, edges, tuple(map(_meta, arrays)), tuple(map(_meta, outs)))
+        if st.anomaly:
+            debug.check_forward(name, outs, entry)
+        linked = [requires_grad and i not in ctx.non_differentiable for i in range(len(outs))]
+        results = tuple(Tensor._from_op(o, rg, entry if rg else None, i) for i, (o, rg) in enumerate(zip(outs, linked)))
+        if st.observer is not None:
+            st.observer.on_op(cls.kind(), name, ctx, outs)  # may raise OutOfMemoryError: the entry then dies
         return results if isinstance(out, tuple) else results[0]
 
 
 def _meta(a):
-    shape = getattr(a, "shape", ())
-    dtype = getattr(a, "dtype", type(a).__name__)
-    return tuple(shape), dtype
+    return tuple(getattr(a, "shape", ())), getattr(a, "dtype", type(a).__name__)
 
 
 def _check_same_backend(op: str, arrays) -> None:

@@ -16,7 +16,9 @@ A forward output starts as "other", becomes "activation" when an op saves it, an
 
 The ledger also counts FLOPs per phase ("forward", "backward", "recompute", "optimizer"), records
 one op slice per op for the Chrome trace, and can enforce a capacity like a GPU that cannot grow.
-Nothing here costs anything while no ledger is active: the engine checks `current()` and moves on.
+A ledger is an observer (observe.py): entering it installs it in the observer slot of the thread
+that entered it, and it records what that thread's engine does; other threads are not observed.
+The core never calls it by name, and nothing costs anything while no ledger is active.
 """
 
 from __future__ import annotations
@@ -33,19 +35,20 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import backend
-from .estimate import format_bytes
+from . import backend, state
+from .observe import Observer
+from .units import format_bytes
 
 CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
 PHASES = ("forward", "backward", "recompute", "optimizer")
 _PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
 
-_active: Ledger | None = None
 
 
 def current() -> Ledger | None:
-    """The active ledger, or None (then the engine records nothing and pays nothing)."""
-    return _active
+    """The ledger active in this thread, or None."""
+    observer = state.local.observer
+    return observer if isinstance(observer, Ledger) else None
 
 
 class OutOfMemoryError(RuntimeError):
@@ -98,7 +101,7 @@ class Lifetime:
     idle_fraction_flops: float | None = None  # the same, weighted by backward FLOPs
 
 
-class Ledger:
+class Ledger(Observer):
     """Records memory events and FLOPs while active (a context manager). See the module docstring."""
 
     def __init__(self, capacity_bytes: int | None = None, trace_numpy: bool = False):
@@ -118,7 +121,6 @@ class Ledger:
         self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
         self._next_buffer = 0
         self._phase_stack: list[str] = []
-        self._backward_depth = 0  # >0 while a backward pass (or a replay's inner one) runs
         self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
         self._t0 = time.perf_counter()
         self._op_t0 = 0.0
@@ -127,18 +129,17 @@ class Ledger:
 
     # ---- activation --------------------------------------------------------------------
     def __enter__(self) -> Ledger:
-        global _active
-        if _active is not None:
-            raise RuntimeError("a Ledger is already active; nest them by exiting the first one")
-        _active = self
+        if state.local.observer is not None:
+            raise RuntimeError(f"this thread is already observed by {state.local.observer!r}: one Ledger per thread "
+                               "at a time; exit the first one before entering another")
+        state.local.observer = self
         self._t0 = time.perf_counter()
         gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
         self._scan_existing()
         return self
 
     def __exit__(self, *exc) -> None:
-        global _active
-        _active = None
+        state.local.observer = None
         for buf in self._buffers.values():
             if buf.finalizer is not None:
                 buf.finalizer.detach()
@@ -146,7 +147,7 @@ class Ledger:
     def _scan_existing(self) -> None:
         """Count what the engine already holds when the ledger starts (parameters, grads, states, tapes)."""
         from .optim import Optimizer
-        from .tape import Tape
+        from .tape import TapeEntry
         from .tensor import Tensor
 
         for obj in gc.get_objects():
@@ -160,10 +161,8 @@ class Ledger:
                 for state in obj.state.values():
                     for k, a in state.items():
                         self.track(a, "optimizer", k, action="existing")
-            elif issubclass(kind, Tape):
-                for entry in obj.entries:
-                    if not entry.released:
-                        self.save(entry.name, entry.ctx.saved, action="existing")
+            elif issubclass(kind, TapeEntry) and obj.ctx.saved:
+                self.on_save(obj.name, obj.ctx.saved, action="existing")
 
     # ---- phases --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -175,11 +174,15 @@ class Ledger:
         finally:
             self._phase_stack.pop()
 
+    def begin_phase(self, name: str) -> None:
+        self._phase_stack.append(name)
+
+    def end_phase(self, name: str) -> None:
+        self._phase_stack.pop()
+
     @property
     def current_phase(self) -> str:
-        if self._phase_stack:
-            return self._phase_stack[-1]
-        return "backward" if self._backward_depth else "forward"
+        return self._phase_stack[-1] if self._phase_stack else "forward"
 
     # ---- recording -----------------------------------------------------------------------
     def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
@@ -252,7 +255,7 @@ class Ledger:
         if life is not None:
             life.released = self.step
 
-    def save(self, name: str, saved: dict, action: str = "saved") -> None:
+    def on_save(self, name: str, saved: dict, action: str = "saved") -> None:
         """The tape now holds these arrays for backward (an op's ctx.save)."""
         if action == "saved" and self.current_phase == "recompute":
             action = "recomputed"
@@ -267,7 +270,7 @@ class Ledger:
                 self._lifetimes[buf.id] = Lifetime(f"{name}:{key}", buf.nbytes, tuple(a.shape), str(a.dtype),
                                                    buf.id, self.step)
 
-    def unsave(self, name: str, saved: dict) -> None:
+    def on_release(self, name: str, saved: dict) -> None:
         """The tape let go of these arrays (the entry's backward ran, or the tape was dropped)."""
         be = backend.current()
         for key, a in saved.items():
@@ -280,15 +283,18 @@ class Ledger:
             old = self._move(buf, self._category_of(buf))
             self._emit("unsaved", buf.nbytes, buf.category, f"{name}:{key}", a, buf, from_category=old)
 
-    # ---- hooks called by the engine ------------------------------------------------------
-    def begin_forward(self) -> None:
+    # ---- the observer callbacks (observe.py) ------------------------------------------------------
+    def on_alloc(self, array, category: str, name: str) -> None:
+        self.track(array, category, name)
+
+    def on_op_start(self) -> None:
         self._op_t0 = time.perf_counter()
         self._live_at_op_start = self._total
         if self.trace_numpy and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
             self._traced_at_op_start = tracemalloc.get_traced_memory()[0]
 
-    def forward_op(self, kind: str, name: str, ctx, outputs) -> None:
+    def on_op(self, kind: str, name: str, ctx, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
         phase = self.current_phase
         transient = 0
@@ -296,7 +302,7 @@ class Ledger:
             transient = tracemalloc.get_traced_memory()[1] - self._traced_at_op_start
         for out in outputs:
             self.track(out, "other", name)
-        self.save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
+        self.on_save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
         self.step += 1
         self.flops_by_phase[phase] += ctx.flops[0]
         self._emit("op", 0, "", name, flops=ctx.flops[0])
@@ -307,16 +313,7 @@ class Ledger:
             self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
         self._check_capacity(name)
 
-    @contextlib.contextmanager
-    def backward_pass(self):
-        """Marks a backward pass: events inside belong to phase "backward" unless a phase is pushed."""
-        self._backward_depth += 1
-        try:
-            yield
-        finally:
-            self._backward_depth -= 1
-
-    def begin_backward(self, entry) -> None:
+    def on_backward(self, entry) -> None:
         self._op_t0 = time.perf_counter()
         self._live_at_op_start = self._total
         be = backend.current()
@@ -329,7 +326,7 @@ class Ledger:
                         life.first_used = self.step
                     life.last_used = self.step
 
-    def end_backward(self, entry, grad_ins) -> None:
+    def on_backward_done(self, entry, grad_ins) -> None:
         for g in grad_ins:
             if g is not None:
                 self.track(g, "gradient", f"{entry.name}.grad")
@@ -347,18 +344,14 @@ class Ledger:
         total = self._total
         if self.capacity_bytes is None or total <= self.capacity_bytes:
             return
-        from .tape import STATE
-
-        tape = STATE.tape_ref() if STATE.tape_ref is not None else None
         request = total - self._live_at_op_start
         holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
-        by_cat = ", ".join(f"{c} {_fmt(self.live[c])}" for c in CATEGORIES if self.live[c])
-        biggest = "; ".join(f"{b.name} ({b.category}, {_fmt(b.nbytes)})" for b in holders)
-        if tape is not None and not self._backward_depth:
-            tape.release()  # the half-finished forward is dropped: nothing half-recorded stays
+        by_cat = ", ".join(f"{c} {format_bytes(self.live[c], digits=2)}" for c in CATEGORIES if self.live[c])
+        biggest = "; ".join(f"{b.name} ({b.category}, {format_bytes(b.nbytes, digits=2)})" for b in holders)
+        would, added, capacity = (format_bytes(n, digits=2) for n in (total, request, self.capacity_bytes))
         raise OutOfMemoryError(
-            f"out of memory in '{name}' ({self.current_phase}): the engine would hold {_fmt(total)} "
-            f"(this op added {_fmt(request)}) but the capacity is {_fmt(self.capacity_bytes)}. "
+            f"out of memory in '{name}' ({self.current_phase}): the engine would hold {would} "
+            f"(this op added {added}) but the capacity is {capacity}. "
             f"Live by category: {by_cat}. Largest holders: {biggest}. "
             "Try activation checkpointing (tg.checkpoint / GPT(checkpoint='sqrt')), a smaller batch or "
             "sequence, or a larger capacity."
@@ -460,14 +453,15 @@ class Ledger:
         """
         rows = [f"{'category':<12}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
         rows.append("-" * len(rows[0]))
+        def row(label, *values):
+            return f"{label:<12}" + "".join(f"{format_bytes(v, digits=2):>14}" for v in values)
+
         for c in CATEGORIES:
-            rows.append(f"{c:<12}{_fmt(self.live[c]):>14}{_fmt(self.peak[c]):>14}"
-                        f"{_fmt(self.allocated_total[c]):>14}{_fmt(self.freed_total[c]):>14}")
+            rows.append(row(c, self.live[c], self.peak[c], self.allocated_total[c], self.freed_total[c]))
         rows.append("-" * len(rows[0]))
         real_alloc = sum(e.nbytes for e in self.events if e.action in ("existing", "allocated"))
         real_freed = sum(e.nbytes for e in self.events if e.action == "released")
-        rows.append(f"{'total':<12}{_fmt(self.live_bytes()):>14}{_fmt(self.peak_total):>14}"
-                    f"{_fmt(real_alloc):>14}{_fmt(real_freed):>14}")
+        rows.append(row("total", self.live_bytes(), self.peak_total, real_alloc, real_freed))
         rows.append("")
         rows.append("FLOPs  " + "  ".join(f"{p} {self.flops_by_phase[p]:.3e}" for p in PHASES))
         rows.append(f"events {len(self.events)}  ops {len(self.ops)}  steps {self.step}")
@@ -518,7 +512,3 @@ def numpy_traced_bytes() -> int:
     snapshot = tracemalloc.take_snapshot()
     domain = np.lib.tracemalloc_domain
     return sum(t.size for t in snapshot.traces if t.domain == domain)
-
-
-def _fmt(n: float) -> str:
-    return format_bytes(n, digits=2)

@@ -1,5 +1,8 @@
 """Modules shaped like nanoGPT's, with the same parameter names and layouts.
 
+A parameter's `name` is its path from the outermost module (`transformer.h.3.mlp.c_fc.weight`),
+as in `state_dict()`: tape entries, the ledger and error messages use it.
+
 Calling a module opens a name scope, so the ops it records are named after where they run:
 `h.3.mlp.gelu` is the GELU inside block 3's MLP. A nanoGPT `state_dict` converted to NumPy
 (`{k: v.numpy() for k, v in sd.items()}`) loads as it is.
@@ -13,7 +16,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .tape import name_scope
+from .state import name_scope
 from .tensor import Parameter, Tensor
 
 
@@ -41,6 +44,9 @@ class Module:
         elif isinstance(value, Module):
             self._modules[key] = value
             object.__setattr__(value, "_name", key)
+            for path, p in value._named_parameters_all():  # "weight" becomes "c_fc.weight", then "mlp.c_fc.weight"
+                if p.name == path:
+                    p.name = f"{key}.{path}"
             if value._container:
                 for child_key, child in value._modules.items():
                     object.__setattr__(child, "_name", f"{key}.{child_key}")

@@ -1,12 +1,12 @@
 """Optimizers. Their states are backend arrays, allocated on the first step (as in PyTorch), and
-counted by the ledger as "optimizer" memory; updates run in place."""
+counted by the ledger as "optimizer" memory; updates run in place on `p.data`, and each updated
+parameter's version is bumped, so a graph recorded before the step refuses to run backward."""
 
 from __future__ import annotations
 
-import contextlib
-
-from . import ledger
+from . import observe
 from .backend import xp
+from .tensor import increment_version
 
 
 class Optimizer:
@@ -27,20 +27,18 @@ class Optimizer:
         st = self.state.get(id(p))
         if st is None:
             st = {k: xp().zeros(p.shape, dtype=self.state_dtype or p.dtype) for k in names}
-            led = ledger.current()
-            if led is not None:
-                for k, a in st.items():
-                    led.track(a, "optimizer", f"{p.name or 'param'}.{k}")
+            for k, a in st.items():
+                observe.alloc(a, "optimizer", f"{p.name or 'param'}.{k}")
             self.state[id(p)] = st
         return st
 
     def step(self) -> None:
-        led = ledger.current()
-        with led.phase("optimizer") if led is not None else contextlib.nullcontext():
+        with observe.phase("optimizer"):
             self.step_count += 1
             for p in self.params:
                 if p.grad is not None:
                     self.update(p, p.grad)
+                    increment_version(p)
 
     def update(self, p, g) -> None:
         raise NotImplementedError

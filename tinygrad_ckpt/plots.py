@@ -21,8 +21,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from . import estimate
 from .ledger import CATEGORIES, PHASES
+from .units import format_bytes
 
 CATEGORY_COLORS = {
     "parameter": "#4C72B0",
@@ -66,11 +66,6 @@ def byte_unit(nbytes: float) -> tuple[float, str]:
 def unit_divisor(unit: str) -> float:
     """Bytes per `unit` ("B", "KiB", "MiB", ...)."""
     return float(1024 ** _BINARY_UNITS.index(unit))
-
-
-def format_bytes(nbytes: float, digits: int = 1) -> str:
-    """'3.6 MiB', '512 B': binary units chosen by size (estimate.format_bytes)."""
-    return estimate.format_bytes(nbytes, digits=digits)
 
 
 # ---------------------------------------------------------------- figures

@@ -1,89 +1,96 @@
-"""The tape: a list of plain records, one per differentiable op, and the backward loop over it.
+"""The tape: one plain record per differentiable op, linked into graphs, and the backward loop.
 
-A `TapeEntry` holds the op's `Function` class, its `Context` (the arrays it saved, by name) and the
-*slots* (integer ids) of its input and output tensors: never the tensors themselves, so the tape
-keeps no data alive except what ops saved (design invariant 1). Leaf tensors are reached through
-weak references, to accumulate their `.grad`.
+A `TapeEntry` holds the op's `Function` class, its `Context` (the arrays it saved, by name) and one
+*edge* per input: `(producer entry, output index)` for a tensor an op made, a weak reference for a
+leaf tensor (whose `.grad` it feeds), or None where no gradient flows. An entry never holds an
+input tensor or its data, only what the op saved (design invariant 1).
 
-`Tape.backward_steps` is the whole backward pass: a generator over entries in reverse order. Each
-step pops the gradients of the entry's outputs, calls `fn.backward(ctx, *grad_outs)`, releases the
-entry's saved arrays, and adds the input gradients into the slots they belong to. Step through it
-with `python -m pdb` or `tg.debug.break_before("softmax")`.
+A graph belongs to its tensors: a tensor made by an op holds its entry, and an entry holds the
+entries it reads from. What no live tensor can reach is freed by Python, saves included, whether
+backward ran or not. `loss.tape()` lists the entries `loss` depends on, sorted by the sequence
+number each got when recorded: the familiar tape, one per graph.
+
+`backward_steps` is the whole backward pass: a generator over those entries in reverse order. Each
+step pops the gradients of the entry's outputs, calls its backward, releases its saves (unless
+retain_graph) and routes the input gradients along the edges. Step through it with
+`python -m pdb` or `tg.debug.break_before("softmax")`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import weakref
-from dataclasses import dataclass, field
 
-from . import debug, ledger
-from .estimate import format_bytes
-
-
-class State:
-    """Recording state shared by the engine (one per process)."""
-
-    def __init__(self):
-        self.grad_enabled = True
-        self.mode = "record"  # "record": keep saves on the tape; "discard": checkpoint forward, keep nothing
-        self.scope: list[str] = []
-        self.tape_ref = None  # weak reference to the tape new entries go to
-        self.segment = None  # the checkpointed segment being run or replayed (checkpoint.Segment), if any
+from . import backend, debug, state
+from .units import format_bytes
 
 
-STATE = State()
+class TapeEntry:
+    """One recorded op: what ran, under which name, reading which tensors, and what it saved."""
 
+    __slots__ = ("seq", "op", "name", "fn", "ctx", "inputs", "in_meta", "out_meta", "released", "fingerprints")
 
-def scoped_name(op: str) -> str:
-    return ".".join([*STATE.scope, op])
+    def __init__(self, fn, name: str, ctx, inputs: tuple, in_meta: tuple, out_meta: tuple):
+        self.seq = state.next_sequence()  # recording order, across all graphs
+        self.op, self.name, self.fn, self.ctx = fn.kind(), name, fn, ctx
+        self.inputs = inputs  # per input: (entry, output index) | weakref to a leaf | None
+        self.in_meta, self.out_meta = in_meta, out_meta  # (shape, dtype) per input / output
+        self.released = False  # True once backward consumed the saves
+        self.fingerprints = None  # under detect_anomaly: a checksum per saved array
 
+    def saved_bytes(self) -> int:
+        """Bytes this entry's saved arrays occupy (views of one buffer counted once)."""
+        return _buffer_bytes([self])
 
-@contextlib.contextmanager
-def name_scope(name: str):
-    """Prefix the names of ops recorded inside with `name` (modules do this automatically)."""
-    if not name:
-        yield
-        return
-    STATE.scope.append(name)
-    try:
-        yield
-    finally:
-        STATE.scope.pop()
+    def release(self) -> None:
+        """Drop the saved arrays (after this entry's backward ran, or when the graph is dropped)."""
+        saved = self.ctx.saved
+        if saved:
+            observer = state.local.observer
+            if observer is not None:
+                observer.on_release(self.name, saved)
+            self.ctx.saved = {}
+            self.released = True
 
+    def __del__(self):  # the graph was dropped: tell the observer its saves are gone too
+        if self.ctx.saved and state.local.observer is not None:
+            self.release()
 
-@contextlib.contextmanager
-def no_grad():
-    """Run ops without recording: nothing is saved, outputs do not require grad."""
-    previous = STATE.grad_enabled
-    STATE.grad_enabled = False
-    try:
-        yield
-    finally:
-        STATE.grad_enabled = previous
+    def check_saves(self) -> None:
+        """Raise if backward cannot use this entry: saves consumed, or changed in place since recorded."""
+        if self.released:
+            raise RuntimeError(
+                f"backward through '{self.name}' [{self.op}] a second time: the first backward() released what it "
+                "saved. Pass retain_graph=True to the first backward() to go through the graph again, or run the "
+                "forward pass again."
+            )
+        if state.changed:
+            be = backend.current()
+            for key, a in self.ctx.saved.items():
+                if be.is_array(a):
+                    change = state.changed.get(id(be.buffer(a)[0]))
+                    if change is not None and change[0] > self.seq:
+                        raise RuntimeError(
+                            f"'{self.name}' [{self.op}] saved '{key}' {_fmt_meta((a.shape, a.dtype))} for backward, "
+                            f"but tensor '{change[2]}' that holds it was changed in place afterwards (now at version "
+                            f"{change[1]}), e.g. by an optimizer step or an in-place method. Run backward() before "
+                            "changing it, or run the forward pass again."
+                        )
+        if self.fingerprints is not None:
+            debug.check_fingerprints(self)
 
+    def input_names(self) -> list[str]:
+        return [_edge_name(edge) for edge in self.inputs]
 
-@contextlib.contextmanager
-def recording_mode(mode: str, tape: Tape | None = None, segment=None):
-    """Temporarily change what ops do with their saves ("record" or "discard"), where entries go,
-    and which checkpointed segment observes the ops."""
-    saved = (STATE.mode, STATE.tape_ref, STATE.segment, STATE.grad_enabled)
-    STATE.mode, STATE.segment, STATE.grad_enabled = mode, segment, True
-    if tape is not None:
-        STATE.tape_ref = weakref.ref(tape)
-    try:
-        yield
-    finally:
-        STATE.mode, STATE.tape_ref, STATE.segment, STATE.grad_enabled = saved
-
-
-def current_tape() -> Tape:
-    """The tape new entries are appended to; a new one once the last was consumed or dropped."""
-    tape = STATE.tape_ref() if STATE.tape_ref is not None else None
-    if tape is None or tape.closed:
-        tape = Tape()
-        STATE.tape_ref = weakref.ref(tape)
-    return tape
+    def __repr__(self) -> str:
+        ins = ", ".join(f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(self.input_names(), self.in_meta))
+        outs = ", ".join(_fmt_meta(m) for m in self.out_meta)
+        if self.released:
+            saves = "released"
+        else:
+            saves = ", ".join(f"{k} {_fmt_meta((v.shape, v.dtype))}" for k, v in self.ctx.saved.items()
+                              if hasattr(v, "shape")) or "nothing"
+            saves += f" ({format_bytes(self.saved_bytes())})"
+        return f"{self.name} [{self.op}] ({ins}) -> ({outs}) saves {saves}"
 
 
 def _fmt_meta(meta) -> str:
@@ -91,186 +98,192 @@ def _fmt_meta(meta) -> str:
     return f"{list(shape)} {dtype}"
 
 
-@dataclass(eq=False)
-class TapeEntry:
-    """One recorded op: what ran, under which name, on which slots, and what it saved."""
+def _edge_name(edge) -> str:
+    if edge is None:
+        return ""
+    if isinstance(edge, tuple):
+        entry, k = edge
+        return entry.name if len(entry.out_meta) == 1 else f"{entry.name}[{k}]"
+    leaf = edge()
+    return (leaf.name or "leaf") if leaf is not None else "(dead leaf)"
 
-    index: int
-    op: str  # op kind, e.g. "gelu"
-    name: str  # scoped name, e.g. "h.3.mlp.gelu"
-    fn: type  # the Function class whose backward runs
-    ctx: object  # the Context: saved arrays by name, plus plain attributes
-    inputs: tuple  # slot per input (None where no gradient flows)
-    outputs: tuple  # slot per output
-    in_meta: tuple = field(repr=False, default=())  # (shape, dtype) per input
-    out_meta: tuple = field(repr=False, default=())
-    released: bool = False
 
-    def saved_bytes(self) -> int:
-        """Bytes this entry's saved arrays occupy (views of one buffer counted once)."""
-        return self.ctx.saved_bytes()
-
-    def release(self) -> None:
-        """Drop the saved arrays (after this entry's backward ran)."""
-        self.ctx.release(self.name)
-        self.released = True
-
-    def __repr__(self) -> str:
-        ins = ", ".join(_fmt_meta(m) for m in self.in_meta)
-        outs = ", ".join(_fmt_meta(m) for m in self.out_meta)
-        if self.released:
-            saves = "released"
-        else:
-            saves = ", ".join(
-                f"{k} {list(v.shape)} {v.dtype}" for k, v in self.ctx.saved.items()
-            ) or "nothing"
-            saves += f" ({format_bytes(self.saved_bytes())})"
-        return f"#{self.index} {self.name} [{self.op}] ({ins}) -> ({outs}) saves {saves}"
+def _buffer_bytes(entries) -> int:
+    be, owners = backend.current(), {}
+    for entry in entries:
+        for a in entry.ctx.saved.values():
+            if be.is_array(a):
+                owner, nbytes = be.buffer(a)
+                owners[id(owner)] = nbytes
+    return sum(owners.values())
 
 
 class Tape:
-    """Entries in forward order, plus weak references to the leaf tensors they read."""
+    """The entries a tensor depends on, in forward order (what `tensor.tape()` returns)."""
 
-    def __init__(self):
-        self.entries: list[TapeEntry] = []
-        self.leaves: dict[int, weakref.ref] = {}
-        self.closed = False
-
-    def __repr__(self) -> str:
-        lines = [f"Tape with {len(self.entries)} entries ({format_bytes(self.saved_bytes())} saved)"]
-        lines += [f"  {e!r}" for e in self.entries]
-        return "\n".join(lines)
+    def __init__(self, entries: list[TapeEntry]):
+        self.entries = entries
 
     def __len__(self) -> int:
         return len(self.entries)
 
+    def __iter__(self):
+        return iter(self.entries)
+
+    def __getitem__(self, i):
+        return self.entries[i]
+
     def saved_bytes(self) -> int:
         """Bytes all entries hold together; a buffer saved by several entries counts once."""
-        from .backend import current
+        return _buffer_bytes(self.entries)
 
-        owners = {}
-        for entry in self.entries:
-            for a in entry.ctx.saved.values():
-                if current().is_array(a):
-                    owner, nbytes = current().buffer(a)
-                    owners[id(owner)] = nbytes
-        return sum(owners.values())
+    def __repr__(self) -> str:
+        lines = [f"Tape with {len(self.entries)} entries ({format_bytes(self.saved_bytes())} saved)"]
+        lines += [f"  #{i} {e!r}" for i, e in enumerate(self.entries)]
+        return "\n".join(lines)
 
-    def record(self, fn, op, name, ctx, inputs, outputs, in_meta, out_meta) -> TapeEntry:
-        entry = TapeEntry(len(self.entries), op, name, fn, ctx, inputs, outputs, in_meta, out_meta)
-        self.entries.append(entry)
-        return entry
 
-    def add_leaf(self, tensor) -> None:
-        if tensor._uid not in self.leaves:
-            self.leaves[tensor._uid] = weakref.ref(tensor)
+def key_of(tensor):
+    """How backward names a tensor (and what entry edges hold): (producer entry, output index), or a
+    weak reference to a leaf."""
+    return (tensor._entry, tensor._index) if tensor._entry is not None else weakref.ref(tensor)
 
-    def release(self) -> None:
-        """Free everything the tape still holds and close it for good."""
-        for entry in self.entries:
-            if not entry.released:
-                entry.release()
-        self.closed = True
 
-    def backward_steps(self, grads: dict, retain_graph: bool = False, capture=()):
-        """Run backward from `grads` ({slot: gradient array}, taken over: the dict is emptied);
-        yields each entry before its backward.
+def graph(tensors, stop=frozenset()) -> list[TapeEntry]:
+    """The entries the tensors depend on, in forward order; edges in `stop` are not followed."""
+    found, todo = {}, [t._entry for t in tensors if t._entry is not None]
+    while todo:
+        entry = todo.pop()
+        if entry.seq not in found:
+            found[entry.seq] = entry
+            todo += [edge[0] for edge in entry.inputs if isinstance(edge, tuple) and edge not in stop]
+    return [found[seq] for seq in sorted(found)]
 
-        Gradients reaching leaf tensors accumulate into their `.grad`; gradients for the slots in
-        `capture` are collected instead and available as the generator's return value.
-        """
-        led = ledger.current()
-        store = _Gradients(grads, self.leaves, capture, led)
-        grads.clear()  # the store holds them now; this frame must not keep a consumed gradient alive
-        with led.backward_pass() if led is not None else contextlib.nullcontext():
-            for entry in reversed(self.entries):
-                grad_outs = [store.pop(slot) for slot in entry.outputs]
-                if all(g is None for g in grad_outs):
-                    continue  # nothing flows through this entry
-                if entry.released:
-                    raise RuntimeError(
-                        f"backward reached tape entry #{entry.index} '{entry.name}' whose saved arrays were "
-                        "already released by an earlier backward(). Run the forward pass again, or pass "
-                        "retain_graph=True to the first backward() if you need to go through the graph twice."
-                    )
-                grad_outs = [g if g is not None else _zeros(m) for g, m in zip(grad_outs, entry.out_meta)]
-                if led is not None:
-                    led.begin_backward(entry)
-                yield entry
-                if debug.should_break(entry):
-                    debug.enter_debugger(entry)
-                if getattr(entry.fn, "takes_grad_list", False):
-                    # a checkpoint entry empties the list once its sub-tape holds the gradients, so a
-                    # nested replay does not keep one incoming gradient alive per level
-                    grad_ins = entry.fn.backward(entry.ctx, grad_outs)
-                else:
-                    grad_ins = entry.fn.backward(entry.ctx, *grad_outs)
-                grad_ins = grad_ins if isinstance(grad_ins, tuple) else (grad_ins,)
-                del grad_outs
+
+def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
+    """Backpropagate from `tensors` seeded with `grads` (both lists are taken over and emptied, so that
+    nothing keeps a consumed gradient or a root's data alive); a generator that yields each entry just
+    before its backward runs.
+
+    Gradients reaching a leaf add into its `.grad`. With `capture` (a set of `key_of` keys), they are
+    collected for those tensors instead and returned as the generator's value; nothing else is
+    accumulated and edges into captured tensors are not followed (like torch.autograd.grad).
+    """
+    store = _Gradients(capture)
+    store.seed(tensors, grads)
+    entries = graph(tensors, capture or frozenset())
+    tensors.clear()
+    observer = state.local.observer
+    if observer is not None:
+        observer.begin_phase("backward")
+    try:
+        for entry in reversed(entries):
+            grad_outs = store.pop_outputs(entry)
+            if grad_outs is None:
+                continue  # no gradient flows through this entry
+            entry.check_saves()
+            if observer is not None:
+                observer.on_backward(entry)
+            yield entry
+            if state.breakpoints and debug.should_break(entry):
+                debug.enter_debugger(entry)
+            grad_ins = entry.fn.call_backward(entry.ctx, grad_outs)
+            del grad_outs
+            if state.local.anomaly:
                 debug.check_backward(entry, grad_ins)
-                if not retain_graph:
-                    entry.release()
-                if led is not None:
-                    led.end_backward(entry, grad_ins)
-                store.add_all(entry, grad_ins)
-                grad_ins = None  # drop our references now, so consumed gradients free at once
-        if not retain_graph:
-            self.closed = True  # new ops go to a new tape; entries backward did not reach stay usable
-        return store.captured
+            if not retain_graph:
+                entry.release()
+            if observer is not None:
+                observer.on_backward_done(entry, grad_ins)
+            store.add_all(entry.inputs, grad_ins, entry.name)
+            grad_ins = None  # drop our references now, so consumed gradients free at once
+    finally:
+        if observer is not None:
+            observer.end_phase("backward")
+    return store.captured
+
+
+def run(steps):
+    """Drive a `backward_steps` generator to its end and return its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
 
 
 class _Gradients:
-    """Where gradients wait during backward: by slot, into leaves' .grad, or captured for a caller.
+    """Where gradients wait during one backward: by edge until their entry runs, in leaves' `.grad`,
+    or captured for the caller.
 
-    The first gradient into a slot may be an array someone else also holds (add passes grad_out
-    to both inputs), so it is never added into; the first sum allocates, later sums add in place.
+    The first gradient into a key may be an array someone else also holds (add passes grad_out to
+    both inputs), so it is never added into; the first sum allocates, later sums add in place.
     """
 
-    def __init__(self, grads, leaves, capture, led):
-        self.pending = dict(grads)
-        self.leaves, self.capture, self.led = leaves, set(capture), led
-        self.owned: set[int] = set()  # slots whose array we allocated (safe to add into)
+    def __init__(self, capture):
+        self.capture = capture
+        self.pending: dict = {}
+        self.captured: dict = {}
+        self.owned: set = set()  # keys whose array this backward allocated (safe to add into)
         self.handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
-        self.captured: dict[int, object] = {}
 
-    def pop(self, slot):
-        return self.pending.pop(slot, None)
+    def seed(self, tensors, grads) -> None:
+        """Take the starting gradients over from the caller's list (emptied)."""
+        self.add_all([key_of(t) for t in tensors], grads, "seed")
+        grads.clear()
 
-    def add_all(self, entry, grad_ins) -> None:
-        for slot, g in zip(entry.inputs, grad_ins):
-            if slot is not None and g is not None:
-                self.add(slot, g, entry)
+    def pop_outputs(self, entry):
+        grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
+        if all(g is None for g in grads):
+            return None
+        zeros = backend.xp().zeros
+        return [g if g is not None else zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grads, entry.out_meta)]
 
-    def add(self, slot, g, entry) -> None:
-        from .tensor import accumulate_grad  # tensor imports tape; keep the cycle lazy
+    def add_all(self, keys, grads, name: str) -> None:
+        """Route the gradients `name`'s backward produced (a loop in the generator would keep the last alive)."""
+        for key, g in zip(keys, grads):
+            self.add(key, g, name)
 
-        if slot in self.capture:
-            previous = self.captured.get(slot)
-            self.captured[slot] = g if previous is None else _summed(previous, g, self.led, entry)
-        elif slot in self.leaves:
-            leaf = self.leaves[slot]()
-            if leaf is not None:
-                accumulate_grad(leaf, g, shared=id(g) in self.handed)
-                self.handed.add(id(g))
-        elif slot not in self.pending:
-            self.pending[slot] = g
-        elif slot in self.owned:
-            self.pending[slot] += g
+    def add(self, key, g, name: str) -> None:
+        if key is None or g is None:
+            return
+        if isinstance(key, tuple):  # a tensor an op made
+            captured = self.capture is not None and key in self.capture
+            self._sum(self.captured if captured else self.pending, key, g, name)
+            return
+        leaf = key()
+        if leaf is None:
+            return
+        if self.capture is None:
+            leaf._accumulate_grad(g, shared=id(g) in self.handed)
+            self.handed.add(id(g))
+        elif key in self.capture:
+            self._sum(self.captured, key, g, name)
+
+    def _sum(self, where: dict, key, g, name: str) -> None:
+        if key not in where:
+            where[key] = g
+        elif key in self.owned:
+            where[key] += g
         else:
-            self.pending[slot] = _summed(self.pending[slot], g, self.led, entry)
-            self.owned.add(slot)
+            total = where[key] + g
+            observer = state.local.observer
+            if observer is not None:
+                observer.on_alloc(total, "gradient", f"{name}.grad")
+            where[key] = total
+            self.owned.add(key)
 
 
-def _summed(a, b, led, entry):
-    """a + b as a new array (the first gradient into a slot may be shared, so never add into it)."""
-    total = a + b
-    if led is not None:
-        led.track(total, "gradient", f"{entry.name}.grad")
-    return total
-
-
-def _zeros(meta):
-    from .backend import xp
-
-    shape, dtype = meta
-    return xp().zeros(shape, dtype=dtype)
+def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_unused: bool = False) -> tuple:
+    """d(outputs)/d(inputs), weighted by `grad_outputs` (ones for scalars), without touching any `.grad`."""
+    grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
+    grad_outputs = [g if g is not None else backend.xp().ones(o.shape, dtype=o.dtype)
+                    for o, g in zip(outputs, grad_outputs)]
+    keys = [key_of(t) for t in inputs]
+    captured = run(backward_steps(list(outputs), grad_outputs, retain_graph, capture=set(keys)))
+    result = tuple(captured.get(k) for k in keys)
+    if not allow_unused and any(r is None for r in result):
+        unused = [t.name or f"input {i}" for i, (t, r) in enumerate(zip(inputs, result)) if r is None]
+        raise RuntimeError(f"grad(): {', '.join(unused)} did not take part in computing the outputs; pass "
+                           "allow_unused=True to get None for them.")
+    return result

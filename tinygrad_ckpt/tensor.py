@@ -1,9 +1,12 @@
 """`Tensor`: an array plus what autograd needs to know about it. No math lives here.
 
 A tensor holds its `data` (a backend array), `requires_grad`, an optional `name`, its `.grad`
-(a backend array, for leaves), a unique slot number `_uid` that the tape routes gradients by, and
-`_tape`, the tape that recorded the op which produced it (None for leaves). Operators call the
+(a backend array, for leaves) and, when an op made it, `_entry` (that op's tape entry, which keeps
+the graph behind the tensor alive) and `_index` (which output of the op it is). Operators call the
 functions in `ops/`.
+
+In-place methods (`add_`, `sub_`, `mul_`, `zero_`, `copy_`) change `data` and bump its version, so
+an entry that saved the old values refuses to run backward; `x += y` builds a new tensor.
 """
 
 from __future__ import annotations
@@ -12,9 +15,10 @@ import itertools
 
 import numpy as np
 
-from . import backend, ledger
+from . import backend, observe, state
+from .tape import Tape, backward_steps, graph, run
 
-_uids = itertools.count()
+_uids = itertools.count()  # creation order: a checkpoint tells tensors made inside it from older ones
 
 
 def _as_array(data, dtype):
@@ -31,30 +35,33 @@ def _as_array(data, dtype):
 class Tensor:
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
-    __slots__ = ("data", "requires_grad", "name", "_grad", "_grad_owned", "_uid", "_tape", "__weakref__")
+    __slots__ = ("data", "requires_grad", "name", "_grad", "_grad_owned", "_uid", "_entry", "_index", "__weakref__")
     is_parameter = False
 
     def __init__(self, data, requires_grad: bool = False, name: str | None = None, dtype=None):
-        self._init(_as_array(data, dtype), requires_grad, None)
+        self._init(_as_array(data, dtype), requires_grad, None, 0)
         self.name = name
-        led = ledger.current()
-        if led is not None:
-            led.track(self.data, "parameter" if self.is_parameter else "other", self.name or "tensor")
+        observe.alloc(self.data, "parameter" if self.is_parameter else "other", self.name or "tensor")
 
-    def _init(self, data, requires_grad, tape) -> None:
+    def _init(self, data, requires_grad, entry, index) -> None:
         self.data = data
         self.requires_grad = bool(requires_grad)
         self.name = None
         self._grad = None
         self._grad_owned = False  # True once .grad is an array autograd allocated (safe to add into)
         self._uid = next(_uids)
-        self._tape = tape
+        self._entry, self._index = entry, index
+
+    @staticmethod
+    def _next_uid() -> int:
+        """The creation number the next tensor will have, or later (a checkpoint marks where it began)."""
+        return next(_uids)
 
     @classmethod
-    def from_op(cls, data, requires_grad: bool, tape) -> Tensor:
-        """Wrap an op's output array (no conversion; the ledger is told by Function.apply)."""
+    def _from_op(cls, data, requires_grad: bool, entry, index: int) -> Tensor:
+        """Wrap output `index` of an op (no conversion; the observer hears of it from Function.apply)."""
         t = object.__new__(cls)
-        t._init(data, requires_grad, tape)
+        t._init(data, requires_grad, entry, index)
         return t
 
     # ---- autograd -------------------------------------------------------------------------
@@ -65,16 +72,26 @@ class Tensor:
     @grad.setter
     def grad(self, value) -> None:
         self._grad, self._grad_owned = value, False
-        led = ledger.current()
-        if value is not None and led is not None:
-            led.track(value, "gradient", f"{self.name or 'tensor'}.grad")
+        if value is not None:
+            observe.alloc(value, "gradient", f"{self.name or 'tensor'}.grad")
 
     @property
     def is_leaf(self) -> bool:
-        return self._tape is None
+        return self._entry is None
+
+    def tape(self) -> Tape:
+        """The entries this tensor depends on, in forward order: print it to read the graph."""
+        return Tape(graph([self]))
 
     def backward(self, grad=None, retain_graph: bool = False) -> None:
-        """Backpropagate from this tensor; leaf tensors accumulate their gradient in `.grad`."""
+        """Backpropagate from this tensor; leaf tensors accumulate their gradient in `.grad`.
+
+        Each entry's saves are released once its backward ran: a second backward through them raises
+        unless the first passed retain_graph=True."""
+        run(self.backward_steps(grad, retain_graph))
+
+    def backward_steps(self, grad=None, retain_graph: bool = False):
+        """The backward pass as a generator: yields each tape entry just before its backward runs."""
         if not self.requires_grad:
             raise RuntimeError(
                 f"backward() on a tensor of shape {list(self.shape)} that does not require grad: "
@@ -92,17 +109,19 @@ class Tensor:
             grad = grad.data
         if tuple(grad.shape) != tuple(self.shape):
             raise ValueError(f"backward(): grad has shape {list(grad.shape)}, tensor has {list(self.shape)}")
-        if self._tape is None:
-            accumulate_grad(self, grad)
-            return
-        for _ in self._tape.backward_steps({self._uid: grad}, retain_graph=retain_graph):
-            pass
+        return backward_steps([self], [grad], retain_graph)
 
-    def backward_steps(self, grad=None, retain_graph: bool = False):
-        """The backward pass as a generator: yields each tape entry just before its backward runs."""
-        if grad is None:
-            grad = backend.xp().ones(self.shape, dtype=self.dtype)
-        return self._tape.backward_steps({self._uid: grad}, retain_graph=retain_graph)
+    def _accumulate_grad(self, g, shared: bool = False) -> None:
+        """self.grad += g without aliasing. A gradient that is shared (handed to another leaf too, or a
+        view of someone else's buffer) is copied before it becomes `.grad`; the first sum into `.grad`
+        allocates, later ones add in place."""
+        if self._grad is None:
+            self.grad = g.copy() if shared or not backend.current().owns_data(g) else g
+        elif self._grad_owned:
+            self._grad += g
+        else:
+            self.grad = self._grad + g
+            self._grad_owned = True
 
     def detach(self) -> Tensor:
         """Same data (no copy), cut from the graph."""
@@ -114,6 +133,39 @@ class Tensor:
 
     def zero_grad(self) -> None:
         self.grad = None
+
+    # ---- in-place changes -----------------------------------------------------------------
+    @property
+    def _version(self) -> int:
+        """How many times the buffer behind `data` was changed in place (PyTorch's `t._version`)."""
+        change = state.changed.get(id(backend.current().buffer(self.data)[0]))
+        return change[1] if change else 0
+
+    def _change(self, method: str, update, other=None) -> Tensor:
+        if state.local.grad_enabled and (self.requires_grad or getattr(other, "requires_grad", False)):
+            raise RuntimeError(
+                f"{method}: '{self.name or 'tensor'}' {list(self.shape)} takes part in a graph (it or the other "
+                "operand requires grad), and an in-place change cannot be recorded. Change it under "
+                "`with tg.no_grad():` (as optimizers do), or use the out-of-place operator (x = x + y)."
+            )
+        update(self.data, _raw(other))
+        increment_version(self)
+        return self
+
+    def add_(self, other) -> Tensor:
+        return self._change("add_", lambda a, b: a.__iadd__(b), other)
+
+    def sub_(self, other) -> Tensor:
+        return self._change("sub_", lambda a, b: a.__isub__(b), other)
+
+    def mul_(self, other) -> Tensor:
+        return self._change("mul_", lambda a, b: a.__imul__(b), other)
+
+    def copy_(self, src) -> Tensor:
+        return self._change("copy_", lambda a, b: a.__setitem__(Ellipsis, b), src)
+
+    def zero_(self) -> Tensor:
+        return self._change("zero_", lambda a, _: a.__setitem__(Ellipsis, 0))
 
     # ---- data access ----------------------------------------------------------------------
     @property
@@ -151,8 +203,8 @@ class Tensor:
             parts.insert(0, f"name={self.name!r}")
         if self.requires_grad:
             parts.append("requires_grad=True")
-        if self._tape is not None:
-            parts.append("from_op=True")
+        if self._entry is not None:
+            parts.append(f"from={self._entry.name!r}")
         if self.size <= 8 and backend.current().name != "meta":
             parts.append(f"data={np.array2string(self.numpy().ravel(), precision=4, separator=', ')}")
         return f"Tensor({', '.join(parts)})"
@@ -254,17 +306,14 @@ class Parameter(Tensor):
         super().__init__(data, requires_grad=True, name=name)
 
 
-def accumulate_grad(leaf: Tensor, g, shared: bool = False) -> None:
-    """leaf.grad += g without aliasing. A gradient that is shared (handed to another leaf too, or
-    a view of someone else's buffer) is copied before it becomes `.grad`; the first sum into
-    `.grad` allocates, later ones add in place."""
-    if leaf._grad is None:
-        leaf.grad = g.copy() if shared or not backend.current().owns_data(g) else g
-    elif leaf._grad_owned:
-        leaf._grad += g
-    else:
-        leaf.grad = leaf._grad + g
-        leaf._grad_owned = True
+def increment_version(tensor: Tensor) -> int:
+    """Tell autograd that `tensor.data` was changed in place (an optimizer does, after its update): entries
+    that saved it before now refuse to run backward. Returns the new version."""
+    return state.mark_changed(backend.current().buffer(tensor.data)[0], tensor.name or f"tensor {list(tensor.shape)}")
+
+
+def _raw(x):
+    return x.data if isinstance(x, Tensor) else x
 
 
 from . import ops  # noqa: E402  (ops needs Tensor; imported last to close the cycle)

@@ -33,7 +33,7 @@ from functools import cache
 
 import numpy as np
 
-from .backend import Backend
+from .numpy_backend import Backend
 
 __all__ = ["MetaArray", "MetaScalar", "MetaBackend", "MetaGenerator", "NoDataError", "xp"]
 
@@ -1069,7 +1069,7 @@ class _Namespace:
         if isinstance(value, (type, np.dtype, int, float, str)) and name != "ndarray":
             return value  # dtypes (float32, bool_, dtype, finfo, ...) and constants (inf, pi)
         raise AttributeError(
-            f"the meta backend's array namespace has no '{name}'; add it to tinygrad_ckpt/meta.py "
+            f"the meta backend's array namespace has no '{name}'; add it to tinygrad_ckpt/backend/meta.py "
             "(it must compute the result's shape, dtype and layout, and whether it is a view)"
         )
 

@@ -1,0 +1,89 @@
+"""The only package that knows which array library runs the math: NumPy (default), CuPy or "meta".
+
+Everything else asks it for the array namespace (`xp()`), for the byte size and the identity of
+the buffer behind an array (so views are counted once), for `erf`, and for random numbers.
+Backends are registered by name; choose one with `use_backend("cupy")` or the environment
+variable `TINYGRAD_CKPT_BACKEND` (one choice for the whole process).
+
+Random numbers are counter based: the state is `(seed, counter)`, kept per thread in state.py;
+every draw uses a fresh generator seeded with `[seed, counter]` and bumps the counter. Saving and
+restoring the state (what a checkpoint does to replay dropout) is copying two integers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .. import state
+from .meta import MetaBackend
+from .numpy_backend import Backend
+
+
+def _cupy() -> Backend:
+    from .cupy_backend import CupyBackend  # imported on demand: CuPy is optional
+
+    return CupyBackend()
+
+
+BACKENDS = {"numpy": Backend, "cupy": _cupy, "meta": MetaBackend}  # name -> factory
+
+
+def _make(name: str) -> Backend:
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {name!r}: choose one of {', '.join(BACKENDS)}")
+    return BACKENDS[name]()
+
+
+_current: Backend = _make(os.environ.get("TINYGRAD_CKPT_BACKEND", "numpy"))
+
+
+def current() -> Backend:
+    return _current
+
+
+def xp():
+    """The array namespace of the active backend (numpy, cupy, or the meta namespace)."""
+    return _current.xp
+
+
+def use_backend(name: str) -> Backend:
+    """Switch the active backend for arrays created from now on; returns the new backend."""
+    global _current
+    if name != _current.name:
+        _current = _make(name)
+    return _current
+
+
+def backend_of(a) -> str | None:
+    """Name of the backend an array belongs to, or None for Python scalars."""
+    if isinstance(a, np.ndarray):
+        return "numpy"
+    module = type(a).__module__
+    if module.startswith("cupy"):
+        return "cupy"
+    if module == MetaBackend.__module__:
+        return "meta"
+    return None
+
+
+def manual_seed(seed: int) -> None:
+    """Seed this thread's random numbers (initialisation and dropout)."""
+    state.local.seed, state.local.counter = int(seed), 0
+
+
+def get_rng_state() -> tuple[int, int]:
+    return state.local.seed, state.local.counter
+
+
+def set_rng_state(rng: tuple[int, int]) -> None:
+    state.local.seed, state.local.counter = rng
+
+
+def next_generator():
+    """A fresh generator for one draw; advances this thread's counter."""
+    st = state.local
+    gen = _current.generator(st.seed, st.counter)
+    st.counter += 1
+    return gen

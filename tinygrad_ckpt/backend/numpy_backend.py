@@ -1,0 +1,49 @@
+"""The NumPy backend, and the interface every backend follows (the others subclass this one)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .erf import erf_float32
+
+
+class Backend:
+    """A backend: its name, its array namespace `xp`, and the few things that differ between libraries."""
+
+    name = "numpy"
+
+    def __init__(self):
+        self.xp = np
+
+    def is_array(self, a) -> bool:
+        return isinstance(a, np.ndarray)
+
+    def buffer(self, a):
+        """(owner, nbytes) of the memory behind `a`: views resolve to the array that owns the data."""
+        while isinstance(a.base, np.ndarray):
+            a = a.base
+        return a, a.nbytes
+
+    def owns_data(self, a) -> bool:
+        """True if `a` is a writeable array owning its memory (not a view or a broadcast)."""
+        return a.base is None and a.flags.writeable
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.asarray(a)
+
+    def asarray(self, data, dtype=None):
+        return np.asarray(data, dtype=dtype)
+
+    def erf(self, x):
+        """erf: a float32 rational approximation (erf.py, within 1e-7) for float32, SciPy otherwise."""
+        if x.dtype == np.float32:
+            return erf_float32(x)
+        from scipy.special import erf
+
+        return erf(x)
+
+    def generator(self, seed: int, counter: int):
+        return np.random.default_rng([seed, counter])
+
+    def synchronize(self):
+        pass
