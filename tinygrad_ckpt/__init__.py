@@ -21,11 +21,11 @@ from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
 from .state import enable_grad, name_scope, no_grad
-from .tape import Tape, TapeEntry, grad
+from .tape import Tape, TapeEntry
 from .tensor import Parameter, Tensor, increment_version
 
 __all__ = [
-    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "grad", "no_grad", "enable_grad",
+    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "enable_grad",
     "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger",
     "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy", "Decision",
     "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional", "nn", "optim",

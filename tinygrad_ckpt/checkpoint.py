@@ -7,10 +7,10 @@ function.py): every op computes as usual and its outputs still require grad, but
 and no entry is recorded. Then one ordinary op is recorded, `Checkpoint`, whose inputs are the
 segment's tensor arguments plus every older tensor the segment read that requires grad
 (parameters, tensors in a closure); it saves only the arguments' data and the RNG state. When
-backward reaches it, it replays `fn` (ledger phase "recompute") into a private graph, backpropagates
-through that graph capturing the gradients of its inputs (`tape.grad` style), and returns them.
-Replayed ops draw the same random numbers, so gradients are bitwise identical to the plain run
-(when each parameter is read once inside a segment, as in every model here).
+backward reaches it, it replays `fn` (ledger phase "recompute") into a private graph and
+backpropagates through that graph: gradients for the arguments and for older tensors made by ops
+are captured there and returned; parameters receive theirs in `.grad` during the replay, op by op,
+as in the plain run. Replayed ops draw the same random numbers, so gradients are bitwise identical.
 
 While the forward runs, the segment notes what every op would have saved: shapes, dtypes and a
 float64 checksum. The replay is compared against that list; the first op that differs is named in
@@ -380,7 +380,9 @@ class Checkpoint(Function):
         n = len(leaves)
         positions = {key_of(t): i for i, t in enumerate(leaves) if t.requires_grad}
         positions.update({k: i for i, k in enumerate(replay.arg_keys) if _alive(k)})
-        positions.update({k: n + j for j, k in enumerate(replay.implicit_keys) if _alive(k)})
+        # older tensors made by ops are boundaries; parameters (leaves) take their gradients during the replay,
+        # op by op as in the plain run, so this entry returns None for them
+        positions.update({k: n + j for j, k in enumerate(replay.implicit_keys) if isinstance(k, tuple)})
         stray = [e for e in graph(roots, positions) if e.seq < start]
         if stray:
             raise CheckpointError(

@@ -165,9 +165,9 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     nothing keeps a consumed gradient or a root's data alive); a generator that yields each entry just
     before its backward runs.
 
-    Gradients reaching a leaf add into its `.grad`. With `capture` (a set of `key_of` keys), they are
-    collected for those tensors instead and returned as the generator's value; nothing else is
-    accumulated and edges into captured tensors are not followed (like torch.autograd.grad).
+    Gradients reaching a leaf add into its `.grad`. With `capture` (a set of `key_of` keys: the inputs of
+    a replayed segment), gradients reaching those tensors are collected instead and returned as the
+    generator's value, and the graph behind them is not entered.
     """
     store = _Gradients(capture)
     store.seed(tensors, grads)
@@ -254,11 +254,11 @@ class _Gradients:
         leaf = key()
         if leaf is None:
             return
-        if self.capture is None:
+        if self.capture is not None and key in self.capture:
+            self._sum(self.captured, key, g, name)
+        else:
             leaf._accumulate_grad(g, shared=id(g) in self.handed)
             self.handed.add(id(g))
-        elif key in self.capture:
-            self._sum(self.captured, key, g, name)
 
     def _sum(self, where: dict, key, g, name: str) -> None:
         if key not in where:
@@ -272,18 +272,3 @@ class _Gradients:
                 observer.on_alloc(total, "gradient", f"{name}.grad")
             where[key] = total
             self.owned.add(key)
-
-
-def grad(outputs, inputs, grad_outputs=None, retain_graph: bool = False, allow_unused: bool = False) -> tuple:
-    """d(outputs)/d(inputs), weighted by `grad_outputs` (ones for scalars), without touching any `.grad`."""
-    grad_outputs = list(grad_outputs) if grad_outputs is not None else [None] * len(outputs)
-    grad_outputs = [g if g is not None else backend.xp().ones(o.shape, dtype=o.dtype)
-                    for o, g in zip(outputs, grad_outputs)]
-    keys = [key_of(t) for t in inputs]
-    captured = run(backward_steps(list(outputs), grad_outputs, retain_graph, capture=set(keys)))
-    result = tuple(captured.get(k) for k in keys)
-    if not allow_unused and any(r is None for r in result):
-        unused = [t.name or f"input {i}" for i, (t, r) in enumerate(zip(inputs, result)) if r is None]
-        raise RuntimeError(f"grad(): {', '.join(unused)} did not take part in computing the outputs; pass "
-                           "allow_unused=True to get None for them.")
-    return result
