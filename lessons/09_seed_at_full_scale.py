@@ -12,7 +12,8 @@ does-not-fit verdict at 40 GB and 80 GB. With float32 Adam states nothing fits 8
 removes the activations, and what is left is the optimizer. The lesson then measures what does fit:
 AdamW states in float16, plain SGD, and a smaller batch.
 
-Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
+Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/measure.py (SteadyStep: the one
+measured training step, also behind `tinygrad-ckpt estimate`), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
 the same measurement as a command), tinygrad_ckpt/estimate.py (seed_activation_example,
 engine_activation_terms, training_state_terms), tinygrad_ckpt/planner.py (LayerCost, plan_chain,
 minimum_peak_bytes), tinygrad_ckpt/optim.py (state_dtype).
@@ -35,11 +36,10 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, nn, optim, planner, plots
 from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.checkpoint import korthikanti_selective
+from tinygrad_ckpt import planner, plots
 from tinygrad_ckpt.ledger import CATEGORIES
+from tinygrad_ckpt.measure import SteadyStep
 
 SLUG = "09_seed_at_full_scale"
 GB, GiB = 10**9, 2**30
@@ -99,54 +99,17 @@ class Run:
 
 
 class MetaTrainer:
-    """The GPT of `shape` on the meta backend with its optimizer, one training step already taken (it
-    creates AdamW's m and v, as the first step of any run does). `measure(checkpoint)` sets the model's
-    checkpoint plan and measures one steady-state step (forward, backward, optimizer step, zero_grad)
-    under a Ledger: the measurement of tinygrad_ckpt.cli.measure, for any optimizer state dtype and any
-    plan, on one model (a meta model has no data, so changing the plan between steps changes nothing else)."""
+    """The seed's GPT for one set-up, one training step already taken (tinygrad_ckpt.measure.SteadyStep, the
+    same measurement as `tinygrad-ckpt estimate`): `measure(checkpoint)` runs one more step under a Ledger."""
 
     def __init__(self, shape: est.GPTShape, setup: Setup):
         self.shape, self.setup = shape, setup
-        with self._meta():
-            tg.manual_seed(0)
-            self.model = nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model)
-            self.model.to(np.dtype(shape.dtype))
-            params = self.model.parameters()
-            self.opt = (optim.AdamW(params, state_dtype=setup.state_dtype) if setup.optimizer == "adamw"
-                        else optim.SGD(params, lr=0.1))
-            self.idx = backend.xp().zeros((shape.batch, shape.seq_len), dtype=np.int64)
-            self._step()
-            self.opt.zero_grad()
-
-    @staticmethod
-    def _meta():
-        class _Switch:
-            def __enter__(self):
-                self.previous = backend.current().name
-                tg.use_backend("meta")
-
-            def __exit__(self, *exc):
-                tg.use_backend(self.previous)
-
-        return _Switch()
-
-    def _step(self):
-        _, loss = self.model(self.idx, self.idx)
-        loss.backward()
-        self.opt.step()
+        self.step = SteadyStep(shape, setup.optimizer, setup.state_dtype)
 
     def measure(self, checkpoint, keep_ledger: bool = False) -> Run:
         """checkpoint: "none", "every_layer", "sqrt", "selective" (Korthikanti) or a planner Plan."""
-        self.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
-            if isinstance(checkpoint, str) else checkpoint
-        with self._meta():
-            C.fresh()
-            t0 = time.perf_counter()
-            with tg.Ledger() as led:
-                self._step()
-                with led.phase("optimizer"):  # zero_grad frees the gradients: part of the optimizer's turn
-                    self.opt.zero_grad()
-            seconds = time.perf_counter() - t0
+        C.fresh()
+        led, seconds = self.step.measure(checkpoint)
         text = checkpoint.describe() if isinstance(checkpoint, planner.Plan) else str(checkpoint)
         return Run(text, led, seconds, keep_ledger)
 

@@ -21,7 +21,7 @@ LAYERS = [
     {"checkpoint"},  # a client of the core
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"ledger"},  # an observer
-    {"plots"},
+    {"plots", "measure"},
     {"figures"},
     {"cli"},
 ]

@@ -18,12 +18,10 @@ import argparse
 import re
 import statistics
 import sys
-import time
 from dataclasses import dataclass
 
-import numpy as np
-
 from . import estimate as est
+from .measure import SteadyStep
 from .units import format_bytes, parse_bytes
 
 _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
@@ -78,44 +76,10 @@ class Measurement:
 
 
 def measure(shape: est.GPTShape, optimizer: str = "adamw", checkpoint="none") -> Measurement:
-    """Build shape's GPT on the meta backend and run forward, backward and an optimizer step under a Ledger."""
-    import tinygrad_ckpt as tg
-    from tinygrad_ckpt import backend, nn, optim
-
-    spec = None if checkpoint == "none" else checkpoint
-    if checkpoint == "selective":
-        from tinygrad_ckpt.checkpoint import korthikanti_selective as spec
-    previous = backend.current().name
-    tg.use_backend("meta")
-    try:
-        tg.manual_seed(0)
-        t0 = time.perf_counter()
-        model = nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
-                       dropout=shape.dropout, checkpoint=spec)
-        if shape.dtype != "float32":
-            model.to(np.dtype(shape.dtype))
-        params = model.parameters()
-        opt = {"adamw": lambda: optim.AdamW(params, state_dtype=np.float32), "sgd": lambda: optim.SGD(params, lr=0.1),
-               "none": lambda: None}[optimizer]()
-        xp = backend.xp()
-        idx = xp.zeros((shape.batch, shape.seq_len), dtype=np.int64)
-
-        def step():
-            _, loss = model(idx, idx)
-            loss.backward()
-            if opt is not None:
-                opt.step()
-            return loss
-
-        if opt is not None:  # a first step creates the optimizer states, as in any training loop
-            step()
-            opt.zero_grad()
-        with tg.Ledger() as led:  # the steady-state step: states exist from its first op
-            step()
-        seconds = time.perf_counter() - t0
-        return Measurement(shape, optimizer, checkpoint, led, seconds, model.num_parameters())
-    finally:
-        tg.use_backend(previous)
+    """One steady-state training step of shape's GPT on the meta backend, under a Ledger (measure.SteadyStep)."""
+    step = SteadyStep(shape, optimizer)
+    led, seconds = step.measure(checkpoint)
+    return Measurement(shape, optimizer, checkpoint, led, seconds, step.model.num_parameters())
 
 
 # ---- the report ----------------------------------------------------------------------------------
