@@ -107,7 +107,7 @@ def test_no_input_requires_grad_but_parameters_inside_do():
     y = tg.checkpoint(block, tg.Tensor(x))
     assert y.requires_grad
     assert [e.op for e in y.tape()] == ["checkpoint"]
-    assert "transformer" not in repr(y.tape()[0]) and "attn.c_attn.weight" in repr(y.tape()[0])  # params are inputs
+    assert "12 tensors" in repr(y.tape()[0])  # its parameters are inputs of the entry
     y.sum().backward()
     for n, p in block.named_parameters():
         np.testing.assert_array_equal(p.grad, plain[n], err_msg=n)

@@ -513,11 +513,18 @@ def run_plan(blocks, x, plan, **kwargs):
 
 
 class _ChunkRunner:
-    """A callable running blocks[start:stop] (by an inner plan, if any); readable in tracebacks."""
+    """A callable running blocks[start:stop] (by an inner plan, if any), named after its blocks ("h.4",
+    "h.4-7") on the tape and in tracebacks."""
 
     def __init__(self, chunk, inner, offset, kwargs):
         self.chunk, self.inner, self.offset, self.kwargs = chunk, inner, offset, kwargs
-        self.__name__ = f"blocks[{offset}:{offset + len(chunk)}]"
+        first, last = (getattr(b, "_name", "") for b in (chunk[0], chunk[-1]))
+        span = f"{offset}:{offset + len(chunk)}"
+        self._name = (first if len(chunk) == 1 else f"{first}-{last.rsplit('.', 1)[-1]}") if first else f"blocks.{span}"
+        self.__name__ = f"blocks[{span}]"
+
+    def __repr__(self) -> str:
+        return f"<blocks {self._name}>"
 
     def __call__(self, x):
         if self.inner is None:

@@ -18,6 +18,7 @@ retain_graph) and routes the input gradients along the edges. Step through it wi
 
 from __future__ import annotations
 
+import os
 import weakref
 
 from . import backend, debug, state
@@ -82,7 +83,13 @@ class TapeEntry:
         return [_edge_name(edge) for edge in self.inputs]
 
     def __repr__(self) -> str:
-        ins = ", ".join(f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(self.input_names(), self.in_meta))
+        ins = [f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(self.input_names(), self.in_meta)]
+        leaves = [n for n, edge in zip(self.input_names(), self.inputs) if isinstance(edge, weakref.ref)]
+        if len(leaves) > 3:  # a checkpoint reads a block's parameters: say so once
+            common = ".".join(os.path.commonprefix([n.split(".") for n in leaves])) or "leaves"
+            ins = [i for i, edge in zip(ins, self.inputs) if not isinstance(edge, weakref.ref)]
+            ins.append(f"{len(leaves)} tensors {common}.*")
+        ins = ", ".join(ins)
         outs = ", ".join(_fmt_meta(m) for m in self.out_meta)
         if self.released:
             saves = "released"
