@@ -9,9 +9,10 @@ costs one extra forward of the blocks, to the FLOP. Then what goes wrong without
 preserve_rng_state=False the replay draws new dropout masks; the replay check raises CheckpointError
 naming the dropout op, and with determinism_check="none" the gradient is silently wrong.
 
-Read: tinygrad_ckpt/checkpoint.py (checkpoint, Segment._forward_op, Checkpoint.backward, compare),
-tinygrad_ckpt/tape.py (recording_mode, backward_steps), tinygrad_ckpt/ledger.py (phase "recompute",
-action "recomputed"), tinygrad_ckpt/backend.py (get_rng_state / set_rng_state).
+Read: tinygrad_ckpt/checkpoint.py (checkpoint, Segment._forward_op, Checkpoint.call_backward, Replay.run,
+compare), tinygrad_ckpt/function.py (Function.apply: the segment hook), tinygrad_ckpt/tape.py
+(backward_steps), tinygrad_ckpt/ledger.py (phase "recompute", action "recomputed"),
+tinygrad_ckpt/backend/__init__.py (get_rng_state / set_rng_state).
 
 Run: python lessons/05_the_checkpoint_segment.py [--quick] [--out figures]
 Figures: {out}/05_the_checkpoint_segment_timeline.png (memory without / with checkpointing on one

@@ -10,8 +10,8 @@ checkpointing. Last, the attention core (scores, mask, softmax) that Korthikanti
 recompute: its [B, H, T, T] arrays grow with T², so its share of a block's memory (their 5as/h term)
 grows with the sequence length while its FLOPs stay a small fraction of the block's.
 
-Read: tinygrad_ckpt/checkpoint.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, Segment._stash
-and _replay_op), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
+Read: tinygrad_ckpt/checkpoint.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, Segment._keep
+and _replay_op, Kept), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
 tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms).
 
 Run: python lessons/07_selective_recomputation.py [--quick] [--out figures]

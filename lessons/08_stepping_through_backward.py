@@ -9,8 +9,8 @@ after. Plain entries free their saves as they go; the one `checkpoint` entry fir
 rise inside that step before they fall. Then the exact pdb commands to watch the same thing
 interactively, with `tg.debug.break_before("softmax")` or `--break checkpoint`.
 
-Read: tinygrad_ckpt/tape.py (Tape.backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
-(break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.backward: the replay onto a sub-tape).
+Read: tinygrad_ckpt/tape.py (backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
+(break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.call_backward: the replay into a private graph).
 
 Run: python lessons/08_stepping_through_backward.py [--quick] [--out figures]
      python -m pdb lessons/08_stepping_through_backward.py --quick --break softmax   (interactive)
@@ -179,7 +179,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     print(f"\nThe softmax entry {soft['name']} (#{soft['index']}) saved {soft['saved']}: its backward reads the "
           "output, then releases it.")
     print(f"The checkpoint entry {ck['name']} (#{ck['index']}) saved {ck['saved']}: when it runs, it replays block 1 "
-          f"onto a private\nsub-tape ({ck['recompute_ops']} ops, each saving again: {', '.join(names[:4])}, ...), "
+          f"into a private\ngraph ({ck['recompute_ops']} ops, each saving again: {', '.join(names[:4])}, ...), "
           f"backpropagates through it and drops it.\nActivations went {C.format_bytes(ck['before'])} -> "
           f"{C.format_bytes(ck['inside_peak'])} "
           f"(inside the replay) -> {C.format_bytes(ck['after'])} in that one step; every plain step only frees "
@@ -193,13 +193,13 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     print("python -m pdb lessons/08_stepping_through_backward.py --quick --break softmax")
     commands = [
         ("c", "run: pdb stops before the first softmax entry's backward"),
-        ("w", "where: the first stop is block 1's softmax, REPLAYED inside Checkpoint.backward"),
+        ("w", "where: the first stop is block 1's softmax, REPLAYED inside Checkpoint.call_backward"),
         ("p entry", "the tape entry, one line (index, op, scoped name, shapes, saves)"),
         ("p entry.ctx.saved.keys()", "dict_keys(['out']): softmax keeps its output, nothing else"),
         ("p entry.ctx.saved['out'].shape", "[B, H, T, T]"),
         ("p [g.shape for g in grad_outs]", "the gradient arriving from the op above"),
         ("p led.live_bytes('activation')", "the active ledger, as counted right now"),
-        ("n", "next line: runs grad_ins = entry.fn.backward(entry.ctx, *grad_outs)"),
+        ("n", "next line: runs grad_ins = entry.fn.call_backward(entry.ctx, grad_outs)"),
         ("p [None if g is None else g.shape for g in grad_ins]", "what the backward returned"),
         ("c", "continue: the next stop is h.0.attn.softmax, on the main tape (w shows no Checkpoint)"),
         ("c", "run to the end (python -m pdb then restarts the script: q quits)"),
@@ -210,10 +210,10 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     commands = [
         ("c", "stops before the checkpoint entry's backward"),
         ("p entry.ctx.saved.keys()", "dict_keys(['input0']): only the block's input"),
-        ("s", "step into Checkpoint.backward (pdb shows --Call--)"),
+        ("s", "step into Checkpoint.call_backward (pdb shows --Call--)"),
         (f"b {line}", f"a breakpoint in this file ({os.path.basename(path)}) just after the replay"),
         ("c", "the replay runs: its ops show in the ledger as phase 'recompute'"),
-        ("p sub", "the replayed tape: block 1's entries, with what each saved again"),
+        ("p outputs[0].tape()", "the replayed graph: block 1's entries, with what each saved again"),
         ("p led.live_bytes('activation')", "higher than before the step: the replay's saves"),
         ("p [e.phase for e in led.events[-5:]]", "the latest ledger events"),
         ("c", "continue to the end"),
