@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import weakref
 
-from . import backend, debug, state
+from . import backend, debug, observe, state
 from .units import format_bytes
 
 
@@ -177,13 +177,12 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     generator's value, and the graph behind them is not entered.
     """
     store = _Gradients(capture)
-    store.seed(tensors, grads)
+    store.add_all([key_of(t) for t in tensors], grads, "seed")
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
+    grads.clear()
     observer = state.local.observer
-    if observer is not None:
-        observer.begin_phase("backward")
-    try:
+    with observe.phase("backward"):
         for entry in reversed(entries):
             grad_outs = store.pop_outputs(entry)
             if grad_outs is None:
@@ -204,9 +203,6 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
                 observer.on_backward_done(entry, grad_ins)
             store.add_all(entry.inputs, grad_ins, entry.name)
             grad_ins = None  # drop our references now, so consumed gradients free at once
-    finally:
-        if observer is not None:
-            observer.end_phase("backward")
     return store.captured
 
 
@@ -233,11 +229,6 @@ class _Gradients:
         self.captured: dict = {}
         self.owned: set = set()  # keys whose array this backward allocated (safe to add into)
         self.handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
-
-    def seed(self, tensors, grads) -> None:
-        """Take the starting gradients over from the caller's list (emptied)."""
-        self.add_all([key_of(t) for t in tensors], grads, "seed")
-        grads.clear()
 
     def pop_outputs(self, entry):
         grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
