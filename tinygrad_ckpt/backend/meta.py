@@ -8,7 +8,8 @@ allocations, saves and releases, with the same byte counts, and the same FLOPs a
 the seed's 7B model trains for one step in seconds and a few megabytes
 (`tinygrad-ckpt estimate`).
 
-Three NumPy rules are copied because the ledger's numbers depend on them:
+Only the part of NumPy that the engine calls is here; a missing function raises AttributeError
+rather than guessing. Three NumPy rules are copied because the ledger's numbers depend on them:
 
 * views: slicing, transposes, `broadcast_to` and `reshape` (when NumPy's no-copy rule allows it)
   share their owner's buffer; `MetaArray.base` is that owner, as NumPy's `.base` is.
@@ -20,16 +21,15 @@ Three NumPy rules are copied because the ledger's numbers depend on them:
 
 Result dtypes are NumPy's own: NumPy is asked on empty arrays (NEP 50 promotion, true division of
 integers, bool arithmetic, and the errors these raise). Anything that needs a value (`bool(a)`,
-`float(a)`, `.item()`, `to_numpy`) raises `NoDataError`. Boolean-mask indexing selects a
-data-dependent number of elements; the meta result assumes every element is selected (an upper
-bound) unless the mask is a real NumPy array. Zero-size arrays hold no bytes, and their strides
-(arbitrary in NumPy) are not copied.
+`float(a)`, `.item()`, `to_numpy`, a boolean-mask index) raises `NoDataError`. Zero-size arrays
+hold no bytes, and their strides (arbitrary in NumPy) are not copied.
 """
 
 from __future__ import annotations
 
 import math
 from functools import cache
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -122,19 +122,25 @@ def _broadcast(shapes) -> tuple:
         raise ValueError(f"operands could not be broadcast together with shapes {listed} ") from None
 
 
+def _broadcasts_to(shape, target) -> bool:
+    try:
+        return tuple(np.broadcast_shapes(shape, target)) == tuple(target)
+    except ValueError:
+        return False
+
+
 def _axes(axis, ndim: int) -> tuple:
-    """Normalised, sorted reduction axes (NumPy's AxisError when out of range)."""
+    """Normalised, sorted axes (NumPy's AxisError when out of range)."""
     if axis is None:
         return tuple(range(ndim))
     axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    out = []
     for a in axes:
         if not -ndim <= a < ndim:
             raise np.exceptions.AxisError(int(a), ndim)
-        out.append(int(a) % ndim)
+    out = sorted(int(a) % ndim for a in axes)
     if len(set(out)) != len(out):
         raise ValueError("duplicate value in 'axis'")
-    return tuple(sorted(out))
+    return tuple(out)
 
 
 def _shape_arg(shape) -> tuple:
@@ -144,40 +150,20 @@ def _shape_arg(shape) -> tuple:
 
 
 # ---- dtypes: ask NumPy, on empty arrays --------------------------------------------------------
-_PY_SCALARS = (bool, int, float, complex)
-
-
-def _dtype_key(x):
-    if isinstance(x, MetaArray):
-        return x.dtype
-    if isinstance(x, np.generic):
-        return x.dtype
-    return type(x)  # a Python number: "weak" under NEP 50
-
-
-def _probe(key):
-    return np.empty(0, dtype=key) if isinstance(key, np.dtype) else key(0)
+_SCALARS = (np.generic, bool, int, float, complex)  # operands that mix with meta arrays
 
 
 @cache
 def _resolve(fn, keys: tuple, out_dtype=None) -> np.dtype:
-    """The dtype NumPy gives `fn(*operands)`; raises what NumPy raises (e.g. bool subtract)."""
-    args = [_probe(k) for k in keys]
+    """The dtype NumPy gives `fn(*operands)`; raises what NumPy raises (e.g. bool subtract).
+
+    `keys` are the arrays' dtypes (probed with empty arrays) and the other operands' types (probed
+    with a zero of that type: a Python number stays "weak" under NEP 50, a NumPy scalar does not).
+    """
+    args = [np.empty(0, dtype=k) if isinstance(k, np.dtype) else k(0) for k in keys]
     if out_dtype is not None:
         return fn(*args, out=np.empty(0, dtype=out_dtype)).dtype
     return np.asarray(fn(*args)).dtype
-
-
-@cache
-def _reduced_dtype(method: str, dtype: np.dtype, requested) -> np.dtype:
-    probe = np.zeros(1, dtype=dtype)
-    if method in ("sum", "prod", "mean"):
-        return np.asarray(getattr(probe, method)(dtype=requested)).dtype
-    return np.asarray(getattr(probe, method)()).dtype
-
-
-def _where(cond, x, y):
-    return np.where(cond, x, y)
 
 
 def _check_operand(x, op: str) -> None:
@@ -186,94 +172,62 @@ def _check_operand(x, op: str) -> None:
             f"{op}: cannot mix a NumPy array (shape {list(x.shape)}) with meta arrays; create it on the meta "
             "backend (tg.use_backend('meta') before creating tensors, or backend.current().asarray(x))."
         )
-    if not isinstance(x, (MetaArray, np.generic, *_PY_SCALARS)):
+    if not isinstance(x, (MetaArray, *_SCALARS)):
         raise TypeError(f"{op}: unsupported operand of type {type(x).__name__} for a meta array")
 
 
 def _elementwise(fn, args, out=None, name=None, scalar_result=True):
     """Shape, dtype and layout of an elementwise NumPy call (a ufunc, `where`, scipy's erf)."""
-    name = name or getattr(fn, "__name__", "op")
-    if out is None and not any(isinstance(a, (MetaArray, np.ndarray)) for a in args):
-        return fn(*args)  # only plain numbers: NumPy computes the real value
+    name = name or fn.__name__
     for a in args:
         _check_operand(a, name)
-    metas = [a for a in args if isinstance(a, MetaArray)]
     shape = _broadcast([a.shape if isinstance(a, MetaArray) else () for a in args])
-    keys = tuple(_dtype_key(a) for a in args)
+    keys = tuple(a.dtype if isinstance(a, MetaArray) else type(a) for a in args)
     if out is not None:
-        if not isinstance(out, MetaArray) or isinstance(out, MetaScalar):
-            raise TypeError(f"{name}: out must be a meta array")
         if out._readonly:
             raise ValueError("output array is read-only")
-        if not _broadcastable(shape, out.shape) or tuple(np.broadcast_shapes(shape, out.shape)) != out.shape:
+        if not _broadcasts_to(shape, out.shape):
             raise ValueError(
                 f"non-broadcastable output operand with shape {_fmt_shape(out.shape)} doesn't match "
-                f"the broadcast shape {_fmt_shape(_broadcast([shape, out.shape]))}"
+                f"the broadcast shape {_fmt_shape(shape)}"
             )
         _resolve(fn, keys, out.dtype)
         return out
     dtype = _resolve(fn, keys)
     if not shape and scalar_result:
         return MetaScalar(dtype)
-    strides = _order_strides(shape, dtype.itemsize, [_strides_in(a, shape) for a in metas if a.ndim])
-    return MetaArray(shape, dtype, strides)
+    metas = [a for a in args if isinstance(a, MetaArray) and a.ndim]
+    return MetaArray(shape, dtype, _order_strides(shape, dtype.itemsize, [_strides_in(a, shape) for a in metas]))
 
 
-def _broadcastable(*shapes) -> bool:
-    try:
-        np.broadcast_shapes(*shapes)
-        return True
-    except ValueError:
-        return False
+@cache
+def _reduced_dtype(method: str, dtype: np.dtype) -> np.dtype:
+    return getattr(np.zeros(1, dtype=dtype), method)().dtype
 
 
 # ---- the arrays --------------------------------------------------------------------------------
-class _Flags:
-    """The memory-layout flags NumPy's `ndarray.flags` reports (attribute or item access)."""
-
-    def __init__(self, a):
-        self.c_contiguous = _is_c_contiguous(a.shape, a.strides, a.itemsize)
-        self.f_contiguous = _is_c_contiguous(a.shape[::-1], a.strides[::-1], a.itemsize)
-        self.contiguous = self.c_contiguous
-        self.owndata = a.base is None
-        self.writeable = not a._readonly and not isinstance(a, MetaScalar)
-
-    def __getitem__(self, key: str) -> bool:
-        name = {"C": "c_contiguous", "F": "f_contiguous", "W": "writeable", "O": "owndata"}.get(key, key.lower())
-        return getattr(self, name)
-
-    def __repr__(self) -> str:
-        return "\n".join(f"  {k.upper()} : {v}" for k, v in vars(self).items())
+def _operand(x) -> bool:
+    """What the operators take: meta arrays, numbers, and NumPy arrays (refused by _check_operand)."""
+    return isinstance(x, (MetaArray, np.ndarray, *_SCALARS))
 
 
 def _binary(ufunc):
+    """The forward, reflected and in-place operators of a ufunc."""
+
     def forward(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray, np.generic, *_PY_SCALARS)):
-            return NotImplemented
-        return _elementwise(ufunc, (self, other))
+        return _elementwise(ufunc, (self, other)) if _operand(other) else NotImplemented
 
     def reflected(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray, np.generic, *_PY_SCALARS)):
-            return NotImplemented
-        return _elementwise(ufunc, (other, self))
+        return _elementwise(ufunc, (other, self)) if _operand(other) else NotImplemented
 
     def inplace(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray, np.generic, *_PY_SCALARS)):
+        if not _operand(other):
             return NotImplemented
         if isinstance(self, MetaScalar):  # NumPy scalars are immutable: `s += 1` rebinds
             return _elementwise(ufunc, (self, other))
         return _elementwise(ufunc, (self, other), out=self)
 
     return forward, reflected, inplace
-
-
-def _compare(ufunc):
-    def method(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray, np.generic, *_PY_SCALARS)):
-            return NotImplemented
-        return _elementwise(ufunc, (self, other))
-
-    return method
 
 
 class MetaArray:
@@ -294,30 +248,16 @@ class MetaArray:
         self.base = base
         self._readonly = readonly
 
-    # ---- what is known without data ----------------------------------------------------
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: math.prod(self.shape))
+    itemsize = property(lambda self: self.dtype.itemsize)
+    nbytes = property(lambda self: self.size * self.dtype.itemsize)
+    T = property(lambda self: self.transpose())
 
     @property
-    def size(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def itemsize(self) -> int:
-        return self.dtype.itemsize
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * self.dtype.itemsize
-
-    @property
-    def T(self):
-        return self.transpose()
-
-    @property
-    def flags(self) -> _Flags:
-        return _Flags(self)
+    def flags(self):
+        """ndarray.flags as far as it is read: writeable (by Backend.owns_data) and owndata."""
+        return SimpleNamespace(owndata=self.base is None, writeable=not self._readonly)
 
     def _view(self, shape, strides, readonly=None) -> MetaArray:
         owner = self.base if self.base is not None else self
@@ -325,42 +265,13 @@ class MetaArray:
 
     def __repr__(self) -> str:
         view = ", view" if self.base is not None else ""
-        return f"MetaArray(shape={self.shape}, dtype={self.dtype}{view})"
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of unsized object")
-        return self.shape[0]
-
-    def __iter__(self):
-        if not self.shape:
-            raise TypeError("iteration over a 0-d array")
-        return (self[i] for i in range(self.shape[0]))
+        return f"{type(self).__name__}(shape={self.shape}, dtype={self.dtype}{view})"
 
     # ---- what needs data -------------------------------------------------------------------
-    def __bool__(self):
-        raise _no_data("bool() of a meta array")
+    def _needs_values(self, *args, **kwargs):
+        raise _no_data("bool(), int(), float() or .item() of a meta array")
 
-    def __float__(self):
-        raise _no_data("float() of a meta array")
-
-    def __int__(self):
-        raise _no_data("int() of a meta array")
-
-    def __complex__(self):
-        raise _no_data("complex() of a meta array")
-
-    def __index__(self):
-        raise _no_data("using a meta array as a Python integer")
-
-    def item(self, *args):
-        raise _no_data(".item() of a meta array")
-
-    def tolist(self):
-        raise _no_data(".tolist() of a meta array")
-
-    def nonzero(self):
-        raise _no_data(".nonzero() of a meta array (its result's shape depends on the values)")
+    __bool__ = __int__ = __float__ = __index__ = item = _needs_values
 
     def __array__(self, dtype=None, copy=None):
         raise TypeError(
@@ -372,154 +283,68 @@ class MetaArray:
     __sub__, __rsub__, __isub__ = _binary(np.subtract)
     __mul__, __rmul__, __imul__ = _binary(np.multiply)
     __truediv__, __rtruediv__, __itruediv__ = _binary(np.true_divide)
-    __floordiv__, __rfloordiv__, __ifloordiv__ = _binary(np.floor_divide)
-    __mod__, __rmod__, __imod__ = _binary(np.remainder)
     __pow__, __rpow__, __ipow__ = _binary(np.power)
-    __and__, __rand__, __iand__ = _binary(np.bitwise_and)
-    __or__, __ror__, __ior__ = _binary(np.bitwise_or)
-    __xor__, __rxor__, __ixor__ = _binary(np.bitwise_xor)
-    __eq__ = _compare(np.equal)
-    __ne__ = _compare(np.not_equal)
-    __lt__ = _compare(np.less)
-    __le__ = _compare(np.less_equal)
-    __gt__ = _compare(np.greater)
-    __ge__ = _compare(np.greater_equal)
+    __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (
+        _binary(f)[0] for f in (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal))
 
     def __neg__(self):
         return _elementwise(np.negative, (self,))
 
-    def __pos__(self):
-        return _elementwise(np.positive, (self,))
-
-    def __abs__(self):
-        return _elementwise(np.absolute, (self,))
-
-    def __invert__(self):
-        return _elementwise(np.invert, (self,))
-
     def __matmul__(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray)):
-            return NotImplemented
-        return _matmul(self, other)
-
-    def __rmatmul__(self, other):
-        if not isinstance(other, (MetaArray, np.ndarray)):
-            return NotImplemented
-        return _matmul(other, self)
-
-    def __imatmul__(self, other):
-        result = _matmul(self, other)
-        if result.shape != self.shape:
-            raise ValueError(
-                f"matmul: output shape {_fmt_shape(result.shape)} does not match the in-place operand "
-                f"{_fmt_shape(self.shape)}"
-            )
-        return self
+        return _matmul(self, other) if isinstance(other, (MetaArray, np.ndarray)) else NotImplemented
 
     # ---- reductions ------------------------------------------------------------------------
-    def _reduce(self, method, axis=None, keepdims=False, dtype=None, out=None):
-        if out is not None:
-            raise NotImplementedError(f"meta: {method}(out=...) is not supported")
+    def _reduce(self, method, axis, keepdims):
         axes = _axes(axis, self.ndim)
-        out_dtype = _reduced_dtype(method, self.dtype, None if dtype is None else np.dtype(dtype))
-        if method in ("max", "min") and any(self.shape[a] == 0 for a in axes):
-            op = "maximum" if method == "max" else "minimum"
-            raise ValueError(f"zero-size array to reduction operation {op} which has no identity")
+        dtype = _reduced_dtype(method, self.dtype)
         kshape = tuple(1 if i in axes else n for i, n in enumerate(self.shape))
         keep = range(self.ndim) if keepdims else [i for i in range(self.ndim) if i not in axes]
         if not keep:
-            return MetaScalar(out_dtype)
-        strides = _order_strides(kshape, out_dtype.itemsize, [_strides_in(self, kshape)])
-        return MetaArray(tuple(kshape[i] for i in keep), out_dtype, tuple(strides[i] for i in keep))
+            return MetaScalar(dtype)
+        strides = _order_strides(kshape, dtype.itemsize, [_strides_in(self, kshape)])
+        return MetaArray(tuple(kshape[i] for i in keep), dtype, tuple(strides[i] for i in keep))
 
-    def sum(self, axis=None, dtype=None, out=None, keepdims=False):
-        return self._reduce("sum", axis, keepdims, dtype, out)
+    def sum(self, axis=None, keepdims=False):
+        return self._reduce("sum", axis, keepdims)
 
-    def prod(self, axis=None, dtype=None, out=None, keepdims=False):
-        return self._reduce("prod", axis, keepdims, dtype, out)
+    def mean(self, axis=None, keepdims=False):
+        return self._reduce("mean", axis, keepdims)
 
-    def mean(self, axis=None, dtype=None, out=None, keepdims=False):
-        return self._reduce("mean", axis, keepdims, dtype, out)
+    def max(self, axis=None, keepdims=False):
+        return self._reduce("max", axis, keepdims)
 
-    def max(self, axis=None, out=None, keepdims=False):
-        return self._reduce("max", axis, keepdims, None, out)
-
-    def min(self, axis=None, out=None, keepdims=False):
-        return self._reduce("min", axis, keepdims, None, out)
-
-    def all(self, axis=None, out=None, keepdims=False):
-        return self._reduce("all", axis, keepdims, None, out)
-
-    def any(self, axis=None, out=None, keepdims=False):
-        return self._reduce("any", axis, keepdims, None, out)
-
-    def argmax(self, axis=None, out=None, keepdims=False):
-        return self._arg("argmax", axis, keepdims)
-
-    def argmin(self, axis=None, out=None, keepdims=False):
-        return self._arg("argmin", axis, keepdims)
-
-    def _arg(self, method, axis, keepdims):
+    def argmax(self, axis=None):
+        """A new C-ordered index array (NumPy moves the axis last and fills a fresh result)."""
         intp = np.dtype(np.intp)
         if axis is None:
-            if self.size == 0:
-                raise ValueError(f"attempt to get {method} of an empty sequence")
-            return MetaArray((1,) * self.ndim, intp) if keepdims and self.ndim else MetaScalar(intp)
+            return MetaScalar(intp)
         (ax,) = _axes(axis, self.ndim)
-        if self.shape[ax] == 0:
-            raise ValueError(f"attempt to get {method} of an empty sequence")
-        shape = tuple(1 if i == ax else n for i, n in enumerate(self.shape)) if keepdims else (
-            self.shape[:ax] + self.shape[ax + 1:])
+        shape = self.shape[:ax] + self.shape[ax + 1:]
         return MetaArray(shape, intp) if shape else MetaScalar(intp)
 
-    # ---- conversions and copies ------------------------------------------------------------
-    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
+    # ---- copies ----------------------------------------------------------------------------
+    def astype(self, dtype, copy=True):
         dtype = np.dtype(dtype)
         if not copy and dtype == self.dtype:
             return self
         return MetaArray(self.shape, dtype, _order_strides(self.shape, dtype.itemsize, [self.strides]))
 
-    def copy(self, order="C"):
-        if order == "K":
-            return MetaArray(self.shape, self.dtype, _order_strides(self.shape, self.itemsize, [self.strides]))
+    def copy(self):
         return MetaArray(self.shape, self.dtype)
 
-    def flatten(self, order="C"):
-        return MetaArray((self.size,), self.dtype)
-
-    def ravel(self, order="C"):
-        if _is_c_contiguous(self.shape, self.strides, self.itemsize):
-            return self.reshape(-1)
-        return MetaArray((self.size,), self.dtype)
-
-    def view(self, dtype=None):
-        if dtype is not None and np.dtype(dtype) != self.dtype:
-            raise NotImplementedError("meta: view(dtype) with another dtype is not supported")
-        return self._view(self.shape, self.strides)
-
-    def fill(self, value) -> None:
-        if self._readonly:
-            raise ValueError("assignment destination is read-only")
-
     # ---- movement (views) ------------------------------------------------------------------
-    def reshape(self, *shape, order="C"):
-        if order != "C":
-            raise NotImplementedError("meta: only order='C' reshapes are supported")
+    def reshape(self, *shape):
         if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
             shape = shape[0]
         return _reshape(self, _shape_arg(shape))
 
     def transpose(self, *axes):
-        if len(axes) == 1 and (axes[0] is None or not isinstance(axes[0], (int, np.integer))):
+        if len(axes) == 1 and not isinstance(axes[0], (int, np.integer)):
             axes = () if axes[0] is None else tuple(axes[0])
-        if not axes:
-            axes = tuple(range(self.ndim - 1, -1, -1))
-        if len(axes) != self.ndim:
+        perm = [_axes(a, self.ndim)[0] for a in axes] or list(range(self.ndim - 1, -1, -1))
+        if sorted(perm) != list(range(self.ndim)):
             raise ValueError("axes don't match array")
-        axes = tuple(_axes(a, self.ndim)[0] for a in axes)
-        if len(set(axes)) != len(axes):
-            raise ValueError("repeated axis in transpose")
-        return self._view(tuple(self.shape[a] for a in axes), tuple(self.strides[a] for a in axes))
+        return self._view(tuple(self.shape[a] for a in perm), tuple(self.strides[a] for a in perm))
 
     def swapaxes(self, axis1, axis2):
         (a1,), (a2,) = _axes(axis1, self.ndim), _axes(axis2, self.ndim)
@@ -527,13 +352,10 @@ class MetaArray:
         order[a1], order[a2] = a2, a1
         return self.transpose(order)
 
-    def squeeze(self, axis=None):
-        if axis is None:
-            axes = tuple(i for i, n in enumerate(self.shape) if n == 1)
-        else:
-            axes = _axes(axis, self.ndim)
-            if any(self.shape[a] != 1 for a in axes):
-                raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
+    def squeeze(self, axis):
+        axes = _axes(axis, self.ndim)
+        if any(self.shape[a] != 1 for a in axes):
+            raise ValueError("cannot select an axis to squeeze out which has size not equal to one")
         if not axes:
             return self  # NumPy returns the array itself when there is nothing to squeeze
         keep = [i for i in range(self.ndim) if i not in axes]
@@ -545,18 +367,27 @@ class MetaArray:
 
     def __setitem__(self, index, value) -> None:
         """Assignment changes values only: check what NumPy checks, then do nothing."""
-        if isinstance(value, np.ndarray):
-            _check_operand(value, "setitem")
+        _check_operand(value, "setitem")
         if self._readonly:
             raise ValueError("assignment destination is read-only")
-        target = _index_shape(self, index)[0]
+        target = self[index].shape
         vshape = tuple(getattr(value, "shape", ()))
         while len(vshape) > len(target) and vshape[0] == 1:
             vshape = vshape[1:]
-        if not _broadcastable(vshape, target) or tuple(np.broadcast_shapes(vshape, target)) != target:
+        if not _broadcasts_to(vshape, target):
             raise ValueError(
                 f"could not broadcast input array from shape {_fmt_shape(vshape)} into shape {_fmt_shape(target)}"
             )
+
+
+def _as_0d_array(name):
+    """A NumPy scalar's method: the 0-d array's method, its 0-d results made scalars again."""
+
+    def method(self, *args, **kwargs):
+        out = getattr(MetaArray((), self.dtype), name)(*args, **kwargs)
+        return out if out.shape else MetaScalar(out.dtype)
+
+    return method
 
 
 class MetaScalar(MetaArray):
@@ -565,48 +396,22 @@ class MetaScalar(MetaArray):
     __slots__ = ()
 
     def __init__(self, dtype):
-        super().__init__((), dtype)
+        super().__init__((), dtype, readonly=True)
 
-    def __repr__(self) -> str:
-        return f"MetaScalar(dtype={self.dtype})"
 
-    def astype(self, dtype, order="K", casting="unsafe", subok=True, copy=True):
-        return MetaScalar(dtype)
-
-    def copy(self, order="C"):
-        return MetaScalar(self.dtype)
-
-    def reshape(self, *shape, order="C"):
-        if len(shape) == 1 and not isinstance(shape[0], (int, np.integer)):
-            shape = shape[0]
-        shape = _shape_arg(shape)
-        if shape == ():
-            return MetaScalar(self.dtype)
-        return MetaArray((), self.dtype).reshape(shape)  # NumPy makes a 0-d array first
-
-    def squeeze(self, axis=None):
-        return MetaScalar(self.dtype)
-
-    def transpose(self, *axes):
-        return MetaScalar(self.dtype)
-
-    def __setitem__(self, index, value):
-        raise TypeError(f"'{self.dtype.type.__name__}' object does not support item assignment")
+for _name in ("astype", "copy", "reshape", "squeeze", "transpose"):
+    setattr(MetaScalar, _name, _as_0d_array(_name))
 
 
 # ---- reshape: NumPy's no-copy rule ---------------------------------------------------------------
 def _fix_shape(shape: tuple, size: int) -> tuple:
     unknown = [i for i, n in enumerate(shape) if n == -1]
-    if len(unknown) > 1:
-        raise ValueError("can only specify one unknown dimension")
-    if any(n < -1 for n in shape):
-        raise ValueError("negative dimensions not allowed")
     known = math.prod(n for n in shape if n != -1)
-    if unknown:
-        if known == 0 or size % known:
-            raise ValueError(f"cannot reshape array of size {size} into shape {_fmt_shape(shape)}")
+    if len(unknown) > 1 or any(n < -1 for n in shape):
+        raise ValueError(f"invalid shape {_fmt_shape(shape)}: one -1 at most, and no other negative sizes")
+    if unknown and known and size % known == 0:
         shape = tuple(size // known if n == -1 else n for n in shape)
-    elif known != size:
+    elif unknown or known != size:
         raise ValueError(f"cannot reshape array of size {size} into shape {_fmt_shape(shape)}")
     return shape
 
@@ -650,34 +455,19 @@ def _reshape(a: MetaArray, shape: tuple) -> MetaArray:
 
 
 # ---- matmul ------------------------------------------------------------------------------------
-_SIGNATURE = "(n?,k),(k,m?)->(n?,m?)"
-
-
 def _matmul(a, b):
     for x in (a, b):
         _check_operand(x, "matmul")
-    for i, x in enumerate((a, b)):
         if x.ndim == 0:
-            raise ValueError(
-                f"matmul: Input operand {i} does not have enough dimensions (has 0, gufunc core with "
-                f"signature {_SIGNATURE} requires 1)"
-            )
+            raise ValueError("matmul: an input operand is 0-d (it needs at least 1 dimension)")
     a_shape = (1,) + a.shape if a.ndim == 1 else a.shape
     b_shape = b.shape + (1,) if b.ndim == 1 else b.shape
     if a_shape[-1] != b_shape[-2]:
         raise ValueError(
             f"matmul: Input operand 1 has a mismatch in its core dimension 0, with gufunc signature "
-            f"{_SIGNATURE} (size {b_shape[-2]} is different from {a_shape[-1]})"
+            f"(n?,k),(k,m?)->(n?,m?) (size {b_shape[-2]} is different from {a_shape[-1]})"
         )
-    try:
-        batch = tuple(np.broadcast_shapes(a_shape[:-2], b_shape[:-2]))
-    except ValueError:
-        raise ValueError(
-            f"operands could not be broadcast together with remapped shapes [original->remapped]: "
-            f"{_fmt_shape(a.shape)}->{_fmt_shape(a_shape[:-2] + ('newaxis', 'newaxis'))} "
-            f"{_fmt_shape(b.shape)}->{_fmt_shape(b_shape[:-2] + ('newaxis', 'newaxis'))}  and requested shape "
-            f"{_fmt_shape((a_shape[-2], b_shape[-1]))}"
-        ) from None
+    batch = _broadcast([a_shape[:-2], b_shape[:-2]])
     dtype = _resolve(np.matmul, (a.dtype, b.dtype))
     full = batch + (a_shape[-2], b_shape[-1])
     # loop (batch) axes follow the inputs' memory order; the core axes stay innermost, C-ordered
@@ -697,62 +487,42 @@ def _matmul(a, b):
 
 # ---- indexing ----------------------------------------------------------------------------------
 def _classify(item):
-    """One index entry as (kind, info): kind in new, ellipsis, slice, int, array, bool."""
+    """One index entry as (kind, info): kind in new, ellipsis, slice, int, array."""
     if item is None:
         return "new", None
     if item is Ellipsis:
         return "ellipsis", None
     if isinstance(item, slice):
         return "slice", item
-    if isinstance(item, (bool, np.bool_)):
-        return "bool", ((), int(item))
-    if isinstance(item, (int, np.integer)):
+    if isinstance(item, (int, np.integer)) and not isinstance(item, (bool, np.bool_)):
         return "int", int(item)
-    if isinstance(item, MetaArray):
-        if item.dtype.kind == "b":
-            return "bool", (item.shape, item.size)  # upper bound: every element selected
-        if item.dtype.kind in "iu":
-            return ("int", None) if item.ndim == 0 else ("array", item.shape)
-        raise IndexError("arrays used as indices must be of integer (or boolean) type")
-    try:
-        arr = np.asarray(item)
-    except TypeError:
-        arr = None
-    if arr is None or arr.dtype == object:
-        raise IndexError(
-            "only integers, slices (`:`), ellipsis (`...`), numpy.newaxis (`None`) and integer or boolean "
-            "arrays are valid indices"
-        )
-    if arr.dtype.kind == "b":
-        return "bool", (arr.shape, int(arr.sum()))
-    if arr.dtype.kind in "iu" or arr.size == 0:
-        return ("int", int(arr)) if arr.ndim == 0 else ("array", arr.shape)
-    raise IndexError("arrays used as indices must be of integer (or boolean) type")
+    if isinstance(item, MetaArray) and item.dtype.kind in "iu":
+        return ("int", None) if item.ndim == 0 else ("array", item.shape)
+    if isinstance(item, MetaArray) and item.dtype.kind == "b":
+        raise _no_data("indexing with a boolean meta array (how many elements it selects)")
+    raise IndexError(
+        "meta arrays take integers, slices (`:`), ellipsis (`...`), None and integer meta arrays as indices"
+    )
 
 
-def _index_shape(a: MetaArray, index):
-    """(shape, strides, kind, buffer) of a[index]; kind is "view", "scalar" or "copy".
+def _getitem(a: MetaArray, index):
+    """a[index]: a view (basic indexing), a scalar (an integer per axis) or a new array (advanced).
 
-    A "copy" (advanced indexing) gets NumPy's layout: NumPy fills a new buffer with the indexed
-    axes outermost (C order) and the other axes in their source order, and returns a transposed
-    view of it when the indexed axes were adjacent but not first; `buffer` is then (shape, strides)
-    of that new buffer, and None when the result is the buffer itself.
+    Advanced indexing gets NumPy's layout: NumPy fills a new buffer with the indexed axes outermost
+    (C order) and the other axes in their source order, and returns a transposed view of it when
+    the indexed axes were adjacent but not first.
     """
     items = [_classify(i) for i in (index if isinstance(index, tuple) else (index,))]
-    consumed = sum(1 if k in ("slice", "int", "array") else len(info[0]) if k == "bool" else 0
-                   for k, info in items)
-    ellipses = sum(k == "ellipsis" for k, _ in items)
-    if ellipses > 1:
+    consumed = sum(k in ("slice", "int", "array") for k, _ in items)
+    ellipses = [i for i, (k, _) in enumerate(items) if k == "ellipsis"]
+    if len(ellipses) > 1:
         raise IndexError("an index can only have a single ellipsis ('...')")
     if consumed > a.ndim:
         raise IndexError(f"too many indices for array: array is {a.ndim}-dimensional, but {consumed} were indexed")
     fill = [("slice", slice(None))] * (a.ndim - consumed)
-    if ellipses:
-        at = next(i for i, (k, _) in enumerate(items) if k == "ellipsis")
-        expanded = items[:at] + fill + items[at + 1:]
-    else:
-        expanded = items + fill
-    advanced = any(k in ("array", "bool") for k, _ in expanded)
+    at = ellipses[0] if ellipses else len(items)
+    expanded = items[:at] + fill + items[at + 1:]
+    advanced = any(k == "array" for k, _ in expanded)
 
     dim, shape, strides = 0, [], []  # the basic (slice / newaxis) axes of the result
     adv_pos, adv_shapes, basic_before = [], [], 0
@@ -764,7 +534,7 @@ def _index_shape(a: MetaArray, index):
             shape.append(len(range(*info.indices(a.shape[dim]))))
             strides.append(a.strides[dim] * (info.step or 1))
             dim += 1
-        elif k in ("int", "array"):
+        else:  # an integer or an integer array
             n = a.shape[dim]
             if k == "int" and info is not None and not -n <= info < n:
                 raise IndexError(f"index {info} is out of bounds for axis {dim} with size {n}")
@@ -772,347 +542,129 @@ def _index_shape(a: MetaArray, index):
                 adv_pos.append(pos)
                 adv_shapes.append(() if k == "int" else info)
             dim += 1
-        else:  # a boolean mask over len(mask_shape) axes
-            mask_shape, count = info
-            for j, m in enumerate(mask_shape):
-                if m != a.shape[dim + j]:
-                    raise IndexError(
-                        f"boolean index did not match indexed array along axis {dim + j}; size of axis is "
-                        f"{a.shape[dim + j]} but size of corresponding boolean axis is {m}"
-                    )
-            adv_pos.append(pos)
-            adv_shapes.append((count,))
-            dim += len(mask_shape)
         if not adv_pos:
             basic_before = len(shape)
     if not advanced:
         if not shape and all(k == "int" for k, _ in items):
-            return (), (), "scalar", None
-        return tuple(shape), tuple(strides), "view", None
-    try:
-        bshape = tuple(np.broadcast_shapes(*adv_shapes))
-    except ValueError:
-        listed = " ".join(_fmt_shape(s) for s in adv_shapes)
-        raise IndexError(
-            f"shape mismatch: indexing arrays could not be broadcast together with shapes {listed} "
-        ) from None
+            return MetaScalar(a.dtype)
+        return a._view(tuple(shape), tuple(strides))
+    bshape = _broadcast(adv_shapes)
     sub_shape = tuple(shape)
     inner = _order_strides(sub_shape, a.itemsize, [tuple(strides)])
     block = a.itemsize * math.prod(sub_shape)
     buf_shape = bshape + sub_shape
     buf_strides = tuple(s * block for s in _c_strides(bshape, 1)) + inner
     adjacent = adv_pos == list(range(adv_pos[0], adv_pos[0] + len(adv_pos)))
+    buf = MetaArray(buf_shape, a.dtype, buf_strides)
     if not (adjacent and basic_before):
-        return buf_shape, buf_strides, "copy", None
+        return buf
     nb = len(bshape)
-    order = [*range(nb, nb + basic_before), *range(nb), *range(nb + basic_before, len(buf_shape))]
-    return (tuple(buf_shape[i] for i in order), tuple(buf_strides[i] for i in order), "copy",
-            (buf_shape, buf_strides))
+    return buf.transpose([*range(nb, nb + basic_before), *range(nb), *range(nb + basic_before, len(buf_shape))])
 
 
-def _getitem(a: MetaArray, index):
-    if isinstance(a, MetaScalar):
-        if index is Ellipsis or (isinstance(index, tuple) and not index):
-            return MetaScalar(a.dtype) if index == () else MetaArray((), a.dtype)
-        return MetaArray((), a.dtype)[index]
-    shape, strides, kind, buf = _index_shape(a, index)
-    if kind == "scalar":
-        return MetaScalar(a.dtype)
-    if kind == "view":
-        return a._view(shape, strides)
-    if buf is None:
-        return MetaArray(shape, a.dtype, strides)
-    return MetaArray(buf[0], a.dtype, buf[1])._view(shape, strides)
-
-
-# ---- the array namespace ---------------------------------------------------------------------------
-def _dtype_of(x):
-    if isinstance(x, (MetaArray, np.ndarray, np.generic)):
-        return x.dtype
-    return np.asarray(x).dtype
-
-
-def _new(shape, dtype, like=None):
-    shape = _shape_arg(shape)
-    dtype = np.dtype(dtype)
-    if like is not None and like.shape == shape and like.ndim:
-        return MetaArray(shape, dtype, _order_strides(shape, dtype.itemsize, [like.strides]))
-    return MetaArray(shape, dtype)
-
-
-def asarray(a, dtype=None, order=None, copy=None):
-    if isinstance(a, MetaScalar):
-        return MetaArray((), a.dtype if dtype is None else dtype)
-    if isinstance(a, MetaArray):
-        if (dtype is None or np.dtype(dtype) == a.dtype) and not copy:
-            return a
-        return a.astype(a.dtype if dtype is None else dtype)
+# ---- the array namespace: what the engine calls as xp().name ------------------------------------
+def asarray(a, dtype=None):
+    """A new meta array with the shape and dtype of a NumPy array, list or number."""
     if isinstance(a, np.ndarray):
         return MetaArray(a.shape, a.dtype if dtype is None else dtype)
     probe = np.asarray(a, dtype=dtype)  # Python numbers and lists: small
     return MetaArray(probe.shape, probe.dtype)
 
 
-def ascontiguousarray(a, dtype=None):
-    a = asarray(a, dtype)
-    return a if a.flags.c_contiguous else a.copy()
+def zeros(shape, dtype=float):
+    return MetaArray(_shape_arg(shape), dtype)
 
 
-def array(a, dtype=None, copy=True, order="K"):
-    return asarray(a, dtype=dtype, copy=copy)
-
-
-def zeros(shape, dtype=float, order="C"):
-    return _new(shape, dtype)
-
-
-def full(shape, fill_value, dtype=None, order="C"):
-    return _new(shape, _dtype_of(fill_value) if dtype is None else dtype)
-
-
-def zeros_like(a, dtype=None, shape=None):
-    return _new(a.shape if shape is None else shape, a.dtype if dtype is None else dtype, like=a)
-
-
-def full_like(a, fill_value, dtype=None, shape=None):
-    return zeros_like(a, dtype, shape)
-
-
-def arange(start, stop=None, step=None, dtype=None):
-    if stop is None:
-        start, stop = 0, start
-    step = 1 if step is None else step
-    if isinstance(start, MetaArray) or isinstance(stop, MetaArray) or isinstance(step, MetaArray):
-        raise _no_data("arange with meta-array bounds")
-    n = max(0, math.ceil((stop - start) / step))
-    return MetaArray((n,), np.arange(start, start, step, dtype=dtype).dtype)
-
-
-def eye(n, m=None, k=0, dtype=float):
-    return MetaArray((n, n if m is None else m), dtype)
-
-
-def tri(n, m=None, k=0, dtype=float):
-    return eye(n, m, k, dtype)
+def arange(stop):
+    return MetaArray((max(0, stop),), np.arange(stop, stop).dtype)
 
 
 def triu(m, k=0):
-    if m.ndim < 2:
-        raise ValueError("input array must be at least 2-d")
-    return _elementwise(_where, (MetaArray(m.shape[-2:], bool), MetaArray((1,), m.dtype), m), name="triu",
+    """NumPy's triu is where(mask, zeros(1, m.dtype), m): a new array in m's layout."""
+    return _elementwise(np.where, (MetaArray(m.shape[-2:], bool), MetaArray((1,), m.dtype), m), name="triu",
                         scalar_result=False)
 
 
-def tril(m, k=0):
-    return triu(m, k)
+def where(condition, x, y):
+    return _elementwise(np.where, (condition, x, y), name="where", scalar_result=False)
 
 
-def where(condition, x=None, y=None):
-    if x is None and y is None:
-        raise _no_data("where(condition) with one argument (its result's shape depends on the values)")
-    return _elementwise(_where, (condition, x, y), name="where", scalar_result=False)
-
-
-def broadcast_to(a, shape, subok=False):
+def broadcast_to(a, shape):
+    """A read-only view repeating a (stride 0) along the broadcast axes."""
     shape = _shape_arg(shape)
-    if not isinstance(a, MetaArray) or isinstance(a, MetaScalar):
-        _check_operand(a, "broadcast_to")
-        a = asarray(a)
+    if isinstance(a, MetaScalar):  # NumPy makes a new 0-d array of it first
+        a = MetaArray((), a.dtype)
     if len(shape) < a.ndim or any(n != m and n != 1 for n, m in zip(a.shape[::-1], shape[::-1])):
-        raise ValueError(
-            f"operands could not be broadcast together with remapped shapes [original->remapped]: "
-            f"{_fmt_shape(a.shape)}  and requested shape {_fmt_shape(shape)}"
-        )
+        raise ValueError(f"cannot broadcast an array of shape {_fmt_shape(a.shape)} to {_fmt_shape(shape)}")
     return a._view(shape, _strides_in(a, shape), readonly=True)
 
 
 def expand_dims(a, axis):
-    if not isinstance(a, MetaArray):
-        _check_operand(a, "expand_dims")
-        a = asarray(a)
-    if isinstance(a, MetaScalar):
-        a = MetaArray((), a.dtype)
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    ndim = a.ndim + len(axes)
-    axes = [int(x) % ndim if -ndim <= x < ndim else _raise_axis(x, ndim) for x in axes]
-    if len(set(axes)) != len(axes):
-        raise ValueError("repeated axis")
+    ndim = a.ndim + (1 if isinstance(axis, (int, np.integer)) else len(axis))
+    axes = _axes(axis, ndim)
     rest = iter(a.shape)
     return a.reshape(tuple(1 if i in axes else next(rest) for i in range(ndim)))
 
 
-def _raise_axis(axis, ndim):
-    raise np.exceptions.AxisError(int(axis), ndim)
-
-
 def take_along_axis(arr, indices, axis):
-    if axis is None:
-        return _getitem(arr.reshape(-1), indices)
     (ax,) = _axes(axis, arr.ndim)
     if indices.ndim != arr.ndim:
         raise ValueError("`indices` and `arr` must have the same number of dimensions")
-    shape = _broadcast([indices.shape, tuple(1 if i == ax else n for i, n in enumerate(arr.shape))])
-    return MetaArray(shape, arr.dtype)
+    return MetaArray(_broadcast([indices.shape, arr.shape[:ax] + (1,) + arr.shape[ax + 1:]]), arr.dtype)
 
 
 def put_along_axis(arr, indices, values, axis) -> None:
-    if not isinstance(arr, MetaArray):
-        raise TypeError("put_along_axis: arr must be a meta array")
-
-
-def concatenate(arrays, axis=0, dtype=None):
-    arrays = list(arrays)
-    if axis is None:
-        arrays, axis = [a.reshape(-1) for a in arrays], 0
-    (ax,) = _axes(axis, arrays[0].ndim)
-    shape = list(arrays[0].shape)
-    shape[ax] = sum(a.shape[ax] for a in arrays)
-    return MetaArray(shape, dtype or np.result_type(*[a.dtype for a in arrays]))
-
-
-def stack(arrays, axis=0, dtype=None):
-    arrays = [expand_dims(a, axis) for a in arrays]
-    return concatenate(arrays, axis=axis, dtype=dtype)
-
-
-def matmul(a, b):
-    return _matmul(a, b)
-
-
-def result_type(*args):
-    return np.result_type(*[a.dtype if isinstance(a, MetaArray) else a for a in args])
-
-
-def _method(name):
-    def call(a, *args, **kwargs):
-        if not isinstance(a, MetaArray):
-            _check_operand(a, name)
-            a = asarray(a)
-        return getattr(a, name)(*args, **kwargs)
-
-    call.__name__ = name
-    return call
+    """An in-place scatter: changes values only."""
 
 
 class _Ufunc:
-    """A NumPy ufunc on meta arrays: `xp.exp(a)`, `xp.add.at(a, index, b)`."""
-
-    _REDUCE = {"add": "sum", "multiply": "prod", "maximum": "max", "minimum": "min",
-               "logical_and": "all", "logical_or": "any"}
+    """xp.exp(a) and its kin; xp.add.at(a, index, b), an in-place scatter that changes values only."""
 
     def __init__(self, ufunc):
         self.ufunc = ufunc
-        self.__name__ = ufunc.__name__
 
-    def __call__(self, *args, out=None):
-        return _elementwise(self.ufunc, args, out=out)
+    def __call__(self, *args):
+        return _elementwise(self.ufunc, args)
 
-    def at(self, a, indices, b=None) -> None:
-        """Unbuffered in-place update: changes values only."""
-        if not isinstance(a, MetaArray) or isinstance(a, MetaScalar):
-            raise TypeError(f"{self.__name__}.at: the first argument must be a meta array")
+    def at(self, a, indices, b) -> None:
         if a._readonly:
             raise ValueError("output array is read-only")
-        _index_shape(a, indices)
-
-    def reduce(self, a, axis=0, dtype=None, out=None, keepdims=False):
-        method = self._REDUCE.get(self.__name__)
-        if method is None:
-            raise NotImplementedError(f"meta: {self.__name__}.reduce is not supported")
-        kwargs = {"dtype": dtype} if method in ("sum", "prod") else {}
-        return getattr(asarray(a), method)(axis=axis, keepdims=keepdims, out=out, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<meta ufunc '{self.__name__}'>"
-
-
-_UFUNCS = (
-    "add subtract multiply divide true_divide floor_divide remainder mod power float_power maximum minimum "
-    "fmax fmin negative positive absolute abs sign exp exp2 expm1 log log2 log10 log1p sqrt square "
-    "reciprocal tanh sinh cosh sin cos tan arctan arctanh arcsin arccos floor ceil rint trunc isfinite isnan "
-    "isinf signbit equal not_equal less less_equal greater greater_equal logical_and logical_or "
-    "logical_xor logical_not bitwise_and bitwise_or bitwise_xor invert hypot arctan2 copysign"
-).split()
+        a[indices]  # NumPy's index checks
 
 
 class _Namespace:
-    """The meta backend's `xp`: the part of NumPy the engine uses, on meta arrays.
-
-    Dtypes and constants (`xp.float32`, `xp.inf`) are NumPy's own; a NumPy function that is not
-    here raises AttributeError naming this module, rather than computing on no data.
-    """
-
-    ndarray = MetaArray
-    newaxis = None
-
-    def __init__(self):
-        for name in _UFUNCS:
-            setattr(self, name, _Ufunc(getattr(np, name)))
-        for fn in (asarray, array, zeros, full, zeros_like, full_like, arange, eye, tri, triu, tril, where,
-                   broadcast_to, expand_dims, take_along_axis, put_along_axis, concatenate, stack, matmul,
-                   result_type):
-            setattr(self, fn.__name__, fn)
-        self.ones = self.empty = zeros
-        self.ones_like = self.empty_like = zeros_like
-        self.ascontiguousarray = ascontiguousarray
-        self.copy = lambda a, order="K": asarray(a).copy(order=order)
-        for name in ("sum", "prod", "mean", "max", "min", "all", "any", "argmax", "argmin", "reshape",
-                     "transpose", "swapaxes", "squeeze", "ravel", "astype"):
-            setattr(self, name, _method(name))
-        self.amax, self.amin = self.max, self.min
-        self.shape = lambda a: tuple(a.shape)
-        self.ndim = lambda a: len(a.shape)
-        self.size = lambda a: math.prod(a.shape)
+    """The meta backend's `xp`. Dtypes (`xp.float32`) are NumPy's own; a NumPy function that is not
+    here raises AttributeError naming this module, rather than computing on no data."""
 
     def __getattr__(self, name):
         value = getattr(np, name, None)
-        if isinstance(value, (type, np.dtype, int, float, str)) and name != "ndarray":
-            return value  # dtypes (float32, bool_, dtype, finfo, ...) and constants (inf, pi)
+        if isinstance(value, type) and issubclass(value, np.generic):
+            return value
         raise AttributeError(
             f"the meta backend's array namespace has no '{name}'; add it to tinygrad_ckpt/backend/meta.py "
             "(it must compute the result's shape, dtype and layout, and whether it is a view)"
         )
 
-    def __repr__(self) -> str:
-        return "<tinygrad_ckpt.meta array namespace>"
-
 
 xp = _Namespace()
+for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis):
+    setattr(xp, _fn.__name__, _fn)
+xp.ones = zeros
+for _name in ("add", "exp", "log", "sqrt", "tanh"):
+    setattr(xp, _name, _Ufunc(getattr(np, _name)))
 
 
 # ---- random numbers and the backend ----------------------------------------------------------
-def _random_dtype(dtype) -> np.dtype:
-    dtype = np.dtype(dtype)
-    if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
-        raise TypeError(f"Unsupported dtype {dtype!r} for random")
-    return dtype
-
-
-def _sample(size, dtype):
-    return MetaScalar(dtype) if size is None else MetaArray(_shape_arg(size), dtype)
-
-
 class MetaGenerator:
     """Draws shapes, not numbers: the meta stand-in for numpy.random.Generator."""
 
-    def random(self, size=None, dtype=np.float64, out=None):
-        return _sample(size, _random_dtype(dtype))
+    def random(self, size, dtype=np.float64):
+        dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.float32), np.dtype(np.float64)):
+            raise TypeError(f"Unsupported dtype {dtype!r} for random")  # as NumPy's Generator
+        return MetaArray(_shape_arg(size), dtype)
 
-    def standard_normal(self, size=None, dtype=np.float64, out=None):
-        return _sample(size, _random_dtype(dtype))
-
-    def normal(self, loc=0.0, scale=1.0, size=None):
-        return _sample(size, np.float64)
-
-    def uniform(self, low=0.0, high=1.0, size=None):
-        return _sample(size, np.float64)
-
-    def integers(self, low, high=None, size=None, dtype=np.int64, endpoint=False):
-        return _sample(size, np.dtype(dtype))
-
-    def permutation(self, x):
-        n = x if isinstance(x, (int, np.integer)) else len(x)
-        return MetaArray((n,), np.int64 if isinstance(x, (int, np.integer)) else x.dtype)
+    standard_normal = random
 
 
 class MetaBackend(Backend):
@@ -1143,4 +695,3 @@ class MetaBackend(Backend):
 
     def generator(self, seed: int, counter: int):
         return MetaGenerator()
-
