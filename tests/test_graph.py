@@ -348,6 +348,20 @@ def test_an_exception_inside_a_segment_leaves_the_thread_state_clean():
     np.testing.assert_allclose(x.grad, np.exp(1.0) * np.ones(3))
 
 
+def test_meta_ledger_equals_numpy_ledger_with_numpy_ids():
+    def events(backend):
+        tg.use_backend(backend)
+        try:
+            model, idx = tiny_gpt()
+            with tg.Ledger() as led:
+                model(idx, idx)[1].backward()  # NumPy ids and targets on either backend
+            return [(e.action, e.nbytes, e.category, e.name, e.phase) for e in led.events]
+        finally:
+            tg.use_backend("numpy")
+
+    assert events("meta") == events("numpy")
+
+
 def test_anomaly_and_functional_paths_still_record(rng):
     x = tg.Tensor(rng.standard_normal((2, 3)), requires_grad=True)
     with tg.detect_anomaly():

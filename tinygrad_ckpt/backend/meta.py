@@ -28,6 +28,7 @@ hold no bytes, and their strides (arbitrary in NumPy) are not copied.
 from __future__ import annotations
 
 import math
+import weakref
 from functools import cache
 from types import SimpleNamespace
 
@@ -674,6 +675,7 @@ class MetaBackend(Backend):
 
     def __init__(self):
         self.xp = xp
+        self._stand_ins: dict[int, MetaArray] = {}  # id(NumPy array) -> the meta array standing for it
 
     def is_array(self, a) -> bool:
         return isinstance(a, MetaArray) and not isinstance(a, MetaScalar)
@@ -686,7 +688,16 @@ class MetaBackend(Backend):
         raise _no_data("to_numpy() / Tensor.numpy() / Tensor.item()")
 
     def asarray(self, data, dtype=None):
-        return asarray(data, dtype=dtype)
+        """As NumPy's asarray, which hands a NumPy array back without a copy: the same NumPy array always
+        gets the same meta array (one buffer, living as long as the NumPy array does), so a ledger counts
+        the caller's ids and targets exactly as on NumPy."""
+        if not isinstance(data, np.ndarray) or (dtype is not None and np.dtype(dtype) != data.dtype):
+            return asarray(data, dtype=dtype)
+        key = id(data)
+        if key not in self._stand_ins:
+            self._stand_ins[key] = asarray(data)
+            weakref.finalize(data, self._stand_ins.pop, key, None)
+        return self._stand_ins[key]
 
     def erf(self, x):
         from scipy.special import erf  # only its dtype rule is used (float16 -> float64, as SciPy does)
