@@ -162,7 +162,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     print("Each step: the entry as it prints (before its backward runs), then the activation bytes the ledger "
           "counts\nbefore the step and after its backward ran and its saves were released.")
     for s in steps:
-        print(f"{s['repr']}")
+        print(f"#{s['index']} {s['repr']}")
         change = s["after"] - s["before"]
         sign = "+" if change >= 0 else "-"
         fb = C.format_bytes
