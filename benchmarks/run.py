@@ -541,7 +541,7 @@ def bench_profile(cfg, args) -> dict:
     prof.disable()
     s = io.StringIO()
     pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(14)
-    text = s.getvalue()
+    text = s.getvalue().replace(ROOT + os.sep, "")  # paths relative to the repository
     text = text[text.find("ncalls"):].rstrip()
 
     return dict(shape=(B, T, d, H), L=L, step=step_s, instrumented=instrumented, ops=ops, inside=inside,

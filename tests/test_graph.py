@@ -333,6 +333,38 @@ def test_out_of_memory_during_a_replay_leaves_no_phantom_activation(traced):
     assert_same_grads(grads_of(model), expected)
 
 
+def test_keyboard_interrupt_inside_a_replay_affects_only_its_graph(traced):
+    tg.manual_seed(0)
+    block = nn.Block(16, 2)
+    x = np.random.default_rng(1).standard_normal((2, 8, 16)).astype(np.float32)
+    calls = {"n": 0}
+
+    def flaky(h):
+        calls["n"] += 1
+        if calls["n"] == 2:  # the replay of the first graph below
+            raise KeyboardInterrupt
+        return block(h)
+
+    block(tg.Tensor(x)).sum().backward()
+    expected = {n: p.grad.copy() for n, p in block.named_parameters()}
+    block.zero_grad()
+    with tg.Ledger() as led:
+        doomed = tg.checkpoint(flaky, tg.Tensor(x, requires_grad=True)).sum()
+        other = tg.checkpoint(block, tg.Tensor(x)).sum()  # a second graph, alive meanwhile
+        before = _unaccounted(led)
+        with pytest.raises(KeyboardInterrupt):
+            doomed.backward()
+        del doomed
+        assert _unaccounted(led) == before
+        assert all(p.grad is None for p in block.parameters())  # the replay stopped before any gradient
+        other.backward()
+        del other
+        assert led.live_bytes("activation") == 0
+    for n, p in block.named_parameters():
+        np.testing.assert_array_equal(p.grad, expected[n], err_msg=n)
+    assert tg.state.local.segment is None and tg.state.local.prefix == "" and tg.state.local.grad_enabled
+
+
 def test_an_exception_inside_a_segment_leaves_the_thread_state_clean():
     x = tg.Tensor(np.ones(3), requires_grad=True)
 
