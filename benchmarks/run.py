@@ -842,6 +842,13 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
     if os.path.exists(os.path.join(out_dir, "benchmarks.png")):
         w("![benchmarks](benchmarks.png)")
         w("")
+    gpu_page = os.path.join(ROOT, "docs", "gpu.md")
+    if os.path.exists(gpu_page):  # measured on a GPU machine by benchmarks/gpu_run.sh; kept in one file
+        w("## GPU (from docs/gpu.md)")
+        w("")
+        with open(gpu_page) as f:
+            body = f.read().split("\n", 1)[1].replace("\n## ", "\n### ")
+        w(body.replace("](gpu_", "](" + os.path.relpath(os.path.join(ROOT, "docs"), out_dir) + "/gpu_"))
     text = "\n".join(L)
     with open(os.path.join(out_dir, "benchmarks.md"), "w") as f:
         f.write(text)

@@ -44,7 +44,7 @@ class TorchBlock(torch.nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))
-            mask = torch.ones(T, T, dtype=torch.bool).triu_(1)
+            mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
             att = att.masked_fill(mask, float("-inf"))
             att = F.softmax(att, dim=-1)
             y = att @ v

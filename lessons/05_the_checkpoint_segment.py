@@ -28,7 +28,7 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, plots
+from tinygrad_ckpt import backend, nn, plots
 from tinygrad_ckpt.ledger import CATEGORIES
 
 SLUG = "05_the_checkpoint_segment"
@@ -87,7 +87,7 @@ def measure(cfg: dict, batch, ckpt_kwargs=None) -> dict:
         loss_value = loss.item()
         del tape, ckpt_entries
         loss.backward()
-    grads = {k: p.grad.copy() for k, p in model.named_parameters()}
+    grads = {k: backend.current().to_numpy(p.grad).copy() for k, p in model.named_parameters()}  # on the CPU
     del model, loss
     C.fresh()
     return dict(led=led, grads=grads, loss=loss_value, entries=entries, first_ckpt=first_ckpt,

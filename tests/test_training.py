@@ -40,7 +40,8 @@ def _train(make_optimizer, steps, xp=np):
 
 
 def test_adamw_memorises_a_short_text(backend):
-    model, losses = _train(lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.01), steps=45, xp=backend.xp())
+    # 60 steps: at 45 the accuracy sat at 0.92 on NumPy and 0.89 on CuPy (another random initialisation)
+    model, losses = _train(lambda ps: optim.AdamW(ps, lr=1e-2, weight_decay=0.01), steps=60, xp=backend.xp())
     assert losses[0] == pytest.approx(np.log(_data()[0]), rel=0.1)  # starts near uniform guessing
     assert losses[-1] < 0.2 * losses[0], losses[::10]
     vocab, x, y = _data()

@@ -300,8 +300,8 @@ class GPT(Module):
 
     def forward(self, idx, targets=None):
         be = backend.current()
-        idx = idx.data if isinstance(idx, Tensor) else idx
-        idx = idx if be.is_array(idx) else be.asarray(idx)  # NumPy ids work on any backend
+        given = idx.data if isinstance(idx, Tensor) else idx
+        idx = given if be.is_array(given) else be.asarray(given)  # NumPy ids work on any backend
         B, T = idx.shape
         if T > self.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
@@ -314,6 +314,8 @@ class GPT(Module):
             return self.lm_head(x[:, T - 1:, :]), None
         logits = self.lm_head(x)  # [B, T, vocab]
         targets = targets.data if isinstance(targets, Tensor) else targets
+        if targets is given:  # model(idx, idx): one array, moved to the backend once
+            targets = idx
         targets = targets if be.is_array(targets) else be.asarray(targets)
         loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
         return logits, loss

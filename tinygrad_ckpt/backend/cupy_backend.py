@@ -20,8 +20,12 @@ class CupyBackend(Backend):
         return isinstance(a, self._cupy.ndarray)
 
     def buffer(self, a):
-        mem = a.data.mem  # the pool allocation behind every view of it
-        return mem, mem.size
+        """(owner, nbytes): views resolve to the array that owns the allocation (CuPy's memory objects take
+        no weak references; arrays do), and nbytes is the pool's block, the request rounded up to 512 bytes:
+        what `cupy.get_default_memory_pool().used_bytes()` counts."""
+        while a.base is not None:
+            a = a.base
+        return a, a.data.mem.size
 
     def owns_data(self, a) -> bool:
         return a.base is None
@@ -36,6 +40,16 @@ class CupyBackend(Backend):
         from cupyx.scipy.special import erf
 
         return erf(x)
+
+    def scatter_add_rows(self, target, ids, rows) -> None:
+        """target[ids[k]] += rows[k], in a fixed order: CuPy's add.at adds with atomics, whose order (and so the
+        last bits of a sum) changes from run to run. Sort the ids stably, sum each run of one id with add.reduceat,
+        then add each sum once: the same bits every time, so checkpointed gradients stay bitwise equal."""
+        cp = self._cupy
+        order = cp.argsort(ids, kind="stable")
+        sorted_ids = ids[order]
+        starts = cp.flatnonzero(cp.concatenate([cp.ones(1, dtype=bool), sorted_ids[1:] != sorted_ids[:-1]]))
+        target[sorted_ids[starts]] += cp.add.reduceat(rows[order], starts, axis=0)
 
     def generator(self, seed: int, counter: int):
         return self._cupy.random.default_rng(seed * 1_000_003 + counter)

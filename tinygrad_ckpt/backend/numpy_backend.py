@@ -42,6 +42,10 @@ class Backend:
 
         return erf(x)
 
+    def scatter_add_rows(self, target, ids, rows) -> None:
+        """target[ids[k]] += rows[k] for every k, repeated ids summed (NumPy's add.at: in order, exactly)."""
+        self.xp.add.at(target, ids, rows)
+
     def generator(self, seed: int, counter: int):
         return np.random.default_rng([seed, counter])
 

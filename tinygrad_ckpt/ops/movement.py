@@ -6,6 +6,7 @@ them saves an array, except indexing with an integer array (it keeps the indices
 
 from __future__ import annotations
 
+from .. import backend
 from ..backend import xp
 from ..function import Function
 from ._util import numel
@@ -68,7 +69,8 @@ def _is_basic(index) -> bool:
 
 
 class GetItem(Function):
-    """out = x[index]. Basic slicing gives a view; the gradient is scattered back (summed on repeats)."""
+    """out = x[index]. Basic slicing gives a view; the gradient is scattered back (summed on repeats, with
+    add.at: on CuPy its atomic adds may order a repeated index's sum differently from run to run)."""
 
     op = "getitem"
 
@@ -90,7 +92,8 @@ class GetItem(Function):
 
 
 class Embedding(Function):
-    """out[..., :] = weight[ids[...], :]. Saves the ids; dL/dweight scatters g into their rows."""
+    """out[..., :] = weight[ids[...], :]. Saves the ids; dL/dweight scatters g into their rows, summed per id in a
+    fixed order (backend.scatter_add_rows), so the gradient has the same bits on every run, GPU included."""
 
     @staticmethod
     def forward(ctx, weight, ids):
@@ -105,5 +108,5 @@ class Embedding(Function):
     def backward(ctx, grad_out):
         ids = ctx.saved["ids"]
         grad = xp().zeros(ctx.weight_shape, dtype=grad_out.dtype)
-        xp().add.at(grad, ids.reshape(-1), grad_out.reshape(-1, ctx.weight_shape[1]))
+        backend.current().scatter_add_rows(grad, ids.reshape(-1), grad_out.reshape(-1, ctx.weight_shape[1]))
         return grad, None
