@@ -53,7 +53,7 @@ def detect_anomaly():
 
 def _bad(a) -> bool:
     be = backend.current()
-    if be.name == "meta" or a is None or a.dtype.kind not in "fc":
+    if not be.has_values or a is None or a.dtype.kind not in "fc":
         return False
     return not bool(be.xp.isfinite(a).all())
 
@@ -81,7 +81,7 @@ def check_backward(entry, grad_ins) -> None:
 
 def _fingerprint(a):
     be = backend.current()
-    if not be.is_array(a) or be.name == "meta":
+    if not be.is_array(a) or not be.has_values:
         return None
     return zlib.crc32(be.to_numpy(a).tobytes())
 

@@ -302,6 +302,9 @@ class GPT(Module):
         be = backend.current()
         given = idx.data if isinstance(idx, Tensor) else idx
         idx = given if be.is_array(given) else be.asarray(given)  # NumPy ids work on any backend
+        if len(idx.shape) != 2 or idx.dtype.kind not in "iu":
+            raise ValueError(f"GPT: idx must be integer token ids of shape [B, T], got {list(idx.shape)} {idx.dtype}"
+                             + ("; add a batch axis: idx[None]" if len(idx.shape) == 1 else ""))
         B, T = idx.shape
         if T > self.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
@@ -317,6 +320,9 @@ class GPT(Module):
         if targets is given:  # model(idx, idx): one array, moved to the backend once
             targets = idx
         targets = targets if be.is_array(targets) else be.asarray(targets)
+        if tuple(targets.shape) != (B, T):
+            raise ValueError(f"GPT: targets must have idx's shape [{B}, {T}] (one next token per position), got "
+                             f"{list(targets.shape)}")
         loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
         return logits, loss
 

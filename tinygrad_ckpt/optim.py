@@ -6,12 +6,30 @@ from __future__ import annotations
 
 from . import observe
 from .backend import xp
-from .tensor import increment_version
+from .tensor import Tensor, increment_version
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _check(optimizer: str, name: str, value, ok, wanted: str) -> None:
+    """ValueError at construction, as PyTorch's optimizers do: a wrong hyperparameter steps uphill silently.
+    `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool."""
+    if not (ok if isinstance(ok, bool) else _number(value) and ok(value)):
+        raise ValueError(f"{optimizer}: invalid {name} {value!r}: expected {wanted}")
 
 
 class Optimizer:
     def __init__(self, params, lr: float, state_dtype=None):
         self.params = [p for p in params]
+        name = type(self).__name__
+        if not self.params:
+            raise ValueError(f"{name}: got an empty parameter list; pass model.parameters()")
+        for p in self.params:
+            if not isinstance(p, Tensor) or not p.requires_grad:
+                raise TypeError(f"{name}: every parameter must be a Tensor that requires grad, got {p!r}")
+        _check(name, "lr", lr, lambda v: v >= 0, "a learning rate >= 0")
         self.lr = lr
         self.state_dtype = state_dtype  # None: the parameter's dtype (as PyTorch); e.g. np.float32 for fp16 params
         self.state: dict[int, dict] = {}
@@ -50,6 +68,8 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
                  state_dtype=None):
         super().__init__(params, lr, state_dtype)
+        _check("SGD", "momentum", momentum, lambda v: v >= 0, "momentum >= 0")
+        _check("SGD", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
         self.momentum, self.weight_decay = momentum, weight_decay
 
     def update(self, p, g) -> None:
@@ -72,7 +92,11 @@ class AdamW(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, state_dtype=None):
         super().__init__(params, lr, state_dtype)
-        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)
+        _check("AdamW", "betas", betas, ok, "two numbers in [0, 1), e.g. (0.9, 0.999)")
+        _check("AdamW", "eps", eps, lambda v: v > 0, "eps > 0")
+        _check("AdamW", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
+        self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
 
     def update(self, p, g) -> None:
         b1, b2 = self.betas

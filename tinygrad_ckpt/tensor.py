@@ -41,6 +41,8 @@ class Tensor:
     def __init__(self, data, requires_grad: bool = False, name: str | None = None, dtype=None):
         self._init(_as_array(data, dtype), requires_grad, None, 0)
         self.name = name
+        if self.requires_grad:
+            self._check_differentiable("Tensor(requires_grad=True)")
         observe.alloc(self.data, "parameter" if self.is_parameter else "other", self.name or "tensor")
 
     def _init(self, data, requires_grad, entry, index) -> None:
@@ -71,9 +73,16 @@ class Tensor:
 
     @grad.setter
     def grad(self, value) -> None:
-        self._grad, self._grad_owned = value, False
         if value is not None:
-            observe.alloc(value, "gradient", f"{self.name or 'tensor'}.grad")
+            be, label = backend.current(), self.name or "tensor"
+            if not be.is_array(value):
+                raise TypeError(f".grad of '{label}' must be a {be.name} array (as backward leaves it), got "
+                                f"{type(value).__name__}; for a Tensor g, assign g.data.")
+            if tuple(value.shape) != self.shape or value.dtype != self.dtype:
+                raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} {self.dtype}, got "
+                                 f"{list(value.shape)} {value.dtype}.")
+            observe.alloc(value, "gradient", f"{label}.grad")
+        self._grad, self._grad_owned = value, False
 
     @property
     def is_leaf(self) -> bool:
@@ -128,8 +137,25 @@ class Tensor:
         return Tensor(self.data, requires_grad=False, name=self.name)
 
     def requires_grad_(self, flag: bool = True) -> Tensor:
-        self.requires_grad = flag
+        """Change whether a leaf tensor records (PyTorch's rule: only leaves, only floating point)."""
+        if self._entry is not None and not flag:
+            raise RuntimeError(
+                f"requires_grad_(False): only a leaf tensor can stop requiring grad; this one was made by "
+                f"'{self._entry.name}' [{self._entry.op}] and is part of its graph. Use t.detach() for a tensor "
+                "with the same data cut from the graph."
+            )
+        self.requires_grad = bool(flag)
+        if self.requires_grad:
+            self._check_differentiable("requires_grad_(True)")
         return self
+
+    def _check_differentiable(self, call: str) -> None:
+        if self.dtype.kind not in "fc":
+            self.requires_grad = False
+            raise TypeError(
+                f"{call}: only floating-point tensors can require gradients, got dtype {self.dtype} "
+                f"(shape {list(self.shape)}). Convert first, e.g. tg.Tensor(x.astype(np.float32), requires_grad=True)."
+            )
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -205,7 +231,7 @@ class Tensor:
             parts.append("requires_grad=True")
         if self._entry is not None:
             parts.append(f"from={self._entry.name!r}")
-        if self.size <= 8 and backend.current().name != "meta":
+        if self.size <= 8 and backend.current().has_values:
             parts.append(f"data={np.array2string(self.numpy().ravel(), precision=4, separator=', ')}")
         return f"Tensor({', '.join(parts)})"
 

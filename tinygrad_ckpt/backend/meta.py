@@ -672,6 +672,7 @@ class MetaBackend(Backend):
     """tg.use_backend("meta"): shape-only arrays; the ledger counts them as if they were NumPy's."""
 
     name = "meta"
+    has_values = False
 
     def __init__(self):
         self.xp = xp

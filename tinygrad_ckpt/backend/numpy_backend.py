@@ -11,6 +11,7 @@ class Backend:
     """A backend: its name, its array namespace `xp`, and the few things that differ between libraries."""
 
     name = "numpy"
+    has_values = True  # arrays hold numbers (the meta backend's hold only shapes): value checks can run
 
     def __init__(self):
         self.xp = np

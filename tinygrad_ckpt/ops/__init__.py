@@ -1,7 +1,8 @@
 """The ops, grouped by kind, and the small functions `Tensor` methods and `functional` call.
 
 Python numbers become 0-d constants in the dtype of the tensor they meet, so `x * 0.5` stays
-float32 when x is float32.
+float32 when x is float32. As in PyTorch, a float meeting an integer or bool tensor promotes both to
+float32 (`ints * 0.5` is float, not a truncated integer).
 """
 
 from __future__ import annotations
@@ -20,14 +21,27 @@ __all__ = [
 ]
 
 
+def _promoted(t, value):
+    """(t, value as a 0-d constant of t's dtype), except where PyTorch promotes: a float meeting an integer or
+    bool tensor makes both float32, an int meeting a bool tensor makes both int64 (such tensors cannot require
+    grad, so their converted data may stand in for them)."""
+    kind = t.dtype.kind
+    target = "float32" if isinstance(value, float) and kind in "iub" else (
+        "int64" if kind == "b" and not isinstance(value, bool) else None)
+    if target is not None:
+        data = t.data.astype(target)
+        return data, constant(value, data)
+    return t, constant(value, t.data)
+
+
 def _pair(a, b):
-    """Turn a Python number on either side into a constant of the other side's dtype."""
+    """Turn a Python number on either side into a constant of the other side's dtype (promoted as above)."""
     from ..tensor import Tensor
 
     if not isinstance(a, Tensor) and isinstance(b, Tensor) and isinstance(a, (int, float)):
-        a = constant(a, b.data)
+        b, a = _promoted(b, a)
     if not isinstance(b, Tensor) and isinstance(a, Tensor) and isinstance(b, (int, float)):
-        b = constant(b, a.data)
+        a, b = _promoted(a, b)
     return a, b
 
 
@@ -43,14 +57,16 @@ def mul(a, b):
     """a * b; a Python number on either side becomes a Scale op, which saves nothing."""
     from ..tensor import Tensor
 
-    if isinstance(b, (int, float)) and isinstance(a, Tensor):
-        return Scale.apply(a, factor=b)
     if isinstance(a, (int, float)) and isinstance(b, Tensor):
-        return Scale.apply(b, factor=a)
+        a, b = b, a
+    if isinstance(b, (int, float)) and isinstance(a, Tensor):
+        return Scale.apply(_promoted(a, b)[0], factor=b)
     return Mul.apply(a, b)
 
 
 def div(a, b):
+    """a / b, true division: an integer Python number divides as a float (ints / 2 is float32, as in PyTorch)."""
+    a, b = (float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in (a, b))
     return Div.apply(*_pair(a, b))
 
 
@@ -105,8 +121,11 @@ def swapaxes(x, axis1, axis2):
 
 
 def getitem(x, index):
+    """x[index]; Tensors in the index (alone or inside a tuple) index by their data."""
     from ..tensor import Tensor
 
-    if isinstance(index, Tensor):
+    if isinstance(index, tuple):
+        index = tuple(i.data if isinstance(i, Tensor) else i for i in index)
+    elif isinstance(index, Tensor):
         index = index.data
     return GetItem.apply(x, index=index)

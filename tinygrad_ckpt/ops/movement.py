@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import backend
 from ..backend import xp
 from ..function import Function
-from ._util import numel
+from ._util import check_range, numel
 
 
 class Reshape(Function):
@@ -70,7 +70,10 @@ def _is_basic(index) -> bool:
 
 class GetItem(Function):
     """out = x[index]. Basic slicing gives a view; the gradient is scattered back (summed on repeats, with
-    add.at: on CuPy its atomic adds may order a repeated index's sum differently from run to run)."""
+    add.at: on CuPy its atomic adds may order a repeated index's sum differently from run to run).
+
+    Indices follow NumPy's rules. PyTorch differs in one case: an integer and an array index separated by a
+    slice (x[1, :, idx]) put the array's axes first in NumPy and leave them in place in PyTorch."""
 
     op = "getitem"
 
@@ -99,6 +102,7 @@ class Embedding(Function):
     def forward(ctx, weight, ids):
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be an integer array, got dtype {ids.dtype}")
+        check_range("embedding", "id", ids, weight.shape[0], f"rows of a table of shape {list(weight.shape)}")
         ctx.weight_shape = weight.shape
         ctx.save(ids=ids)
         ctx.flops = (0, numel(ids.shape) * weight.shape[1])

@@ -8,7 +8,7 @@ import math
 from .. import backend
 from ..backend import xp
 from ..function import Function
-from ._util import numel
+from ._util import check_range, numel
 
 _SQRT_HALF = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
@@ -105,10 +105,11 @@ class CrossEntropy(Function):
             )
         if targets.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: targets must be integer class indices, got dtype {targets.dtype}")
+        check_range("cross_entropy", "target", targets, logits.shape[1], "classes", skip=ignore_index)
         m = logits.max(axis=1, keepdims=True)
         lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
         valid = targets != ignore_index
-        count = max(int(valid.sum()), 1) if backend.current().name != "meta" else logits.shape[0]
+        count = max(int(valid.sum()), 1) if backend.current().has_values else logits.shape[0]
         rows = xp().arange(logits.shape[0])
         picked = logits[rows, xp().where(valid, targets, 0)]
         loss = ((lse[:, 0] - picked) * valid).sum() / count

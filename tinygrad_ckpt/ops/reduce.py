@@ -60,6 +60,9 @@ class Max(Function):
     def forward(ctx, x, axis=None, keepdims=False):
         if axis is not None and not isinstance(axis, int):
             raise ValueError(f"max: axis must be an int or None, got {axis!r}")
+        if numel(x.shape) == 0:
+            raise ValueError(f"max: a tensor of shape {list(x.shape)} has no elements, so no maximum; "
+                             "check the slice or batch that produced it.")
         ctx.in_shape, ctx.axis, ctx.keepdims = x.shape, axis, keepdims
         if axis is None:
             index = x.argmax()
