@@ -188,7 +188,8 @@ def test_replay_that_behaves_differently_is_named():
         return (a * float(calls["n"])).tanh()
 
     y = tg.checkpoint(drifting, x)
-    with pytest.raises(tg.CheckpointError, match="diverged at op 'tanh'.*checksum"):  # first op whose saves differ
+    # the first op whose values differ: scale, which saves nothing but returns other numbers
+    with pytest.raises(tg.CheckpointError, match="diverged at op 'scale'.*output '0'.*checksum"):
         y.sum().backward()
 
 
@@ -201,7 +202,7 @@ def test_replay_with_other_shapes_is_named():
         return (a[: 4 - calls["n"]]).exp().sum()
 
     y = tg.checkpoint(shape_changing, x)
-    with pytest.raises(tg.CheckpointError, match="diverged at op 'exp'"):
+    with pytest.raises(tg.CheckpointError, match=r"diverged at op 'getitem'.*output '0' was \[3, 3\].*\[2, 3\]"):
         y.backward()
 
 

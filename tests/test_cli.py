@@ -66,22 +66,23 @@ def test_estimate_with_checkpointing_recomputes_and_saves_less(checkpoint, capsy
 
 
 def test_capacity_verdict(capsys):
-    cli.main(SMALL + ["--capacity", "1000"])
+    cli.main(SMALL + ["--capacity", "1000B"])
     assert "does NOT fit" in capsys.readouterr().out
     cli.main(SMALL + ["--capacity", "none"])
     assert "capacity" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("text, expected", [
-    ("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("40e9", 40 * 10**9), ("512 MiB", 512 * 2**20),
-    ("1.5gb", 1_500_000_000), ("123", 123),
+    ("80GB", 80 * 10**9), ("80GiB", 80 * 2**30), ("40e9B", 40 * 10**9), ("512 MiB", 512 * 2**20),
+    ("1.5gb", 1_500_000_000), ("123b", 123), ("74.5 GiB", int(74.5 * 2**30)),
 ])
 def test_parse_size(text, expected):
     assert cli.parse_size(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["80XB", "lots", ""])
+@pytest.mark.parametrize("bad", ["80XB", "lots", "", "80", "40e9", "0GB"])
 def test_parse_size_rejects(bad):
+    """A bare number is refused: --capacity 80 would otherwise mean 80 bytes."""
     with pytest.raises(argparse.ArgumentTypeError):
         cli.parse_size(bad)
 
@@ -91,7 +92,7 @@ def test_bad_arguments_exit_with_usage(capsys):
         cli.main(["estimate", "--checkpoint", "sometimes"])
     with pytest.raises(SystemExit):
         cli.main(["estimate", "--d-model", "30", "--heads", "4"])  # not divisible
-    assert "divisible" in capsys.readouterr().err
+    assert "4 heads do not divide d_model 30" in capsys.readouterr().err
 
 
 def test_figures_delegates(monkeypatch):

@@ -26,7 +26,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from . import backend, observe, state
+import numpy as np
+
+from . import backend, debug, observe, state
 from .function import Function
 from .tape import backward_steps, graph, key_of, run
 from .tensor import Tensor
@@ -94,30 +96,93 @@ class KorthikantiSelective(Policy):
         return Decision(True, "outside the attention core: keep")
 
 
+class SaveThese(Policy):
+    """Keep the ops named in a collection: op kinds ("matmul") or scoped-name patterns ("attn", "h.0.mlp"), as
+    JAX's save_only_these_names does (patterns match as tg.debug.break_before's do)."""
+
+    def __init__(self, patterns):
+        self.patterns = tuple(sorted(patterns))
+        self.name = f"save {', '.join(self.patterns)}"
+
+    def decide(self, op, name):
+        hit = next((p for p in self.patterns if debug.matches(op, name, p)), None)
+        return Decision(True, f"named in the policy ({hit!r})") if hit else Decision(False, "not named: recompute")
+
+
+class CallablePolicy(Policy):
+    """A function (op, name) -> bool or Decision, asked for every op of the segment."""
+
+    def __init__(self, fn):
+        self.fn, self.name = fn, getattr(fn, "__name__", repr(fn))
+
+    def decide(self, op, name):
+        answer = self.fn(op, name)
+        if isinstance(answer, Decision):
+            return answer
+        if isinstance(answer, (bool, np.bool_)):
+            return Decision(bool(answer), f"{self.name} said {'save' if answer else 'recompute'}")
+        raise TypeError(f"checkpoint policy {self.name}({op!r}, {name!r}) returned {answer!r}; a policy function "
+                        "must return True (keep), False (recompute) or a tg.Decision")
+
+
 save_nothing = SaveNothing()
 save_matmuls = SaveMatmuls()
 korthikanti_selective = KorthikantiSelective()
 
 
+def as_policy(policy) -> Policy | None:
+    """What `checkpoint(..., policy=)` accepts: None, a Policy, a function (op, name) -> bool or Decision, or a
+    collection of op kinds / scoped-name patterns to keep. Anything else is a TypeError, here at the call."""
+    if policy is None or isinstance(policy, Policy):
+        return policy
+    if isinstance(policy, str):
+        hint = f"tg.{policy}" if policy in ("save_nothing", "save_matmuls", "korthikanti_selective") else "a Policy"
+        raise TypeError(f"checkpoint: policy={policy!r} is a string; pass {hint}, or a collection of op kinds / "
+                        f"name patterns to keep such as {{{policy!r}}}")
+    if isinstance(policy, type):
+        raise TypeError(f"checkpoint: policy={policy.__name__} is a class; pass an instance, e.g. {policy.__name__}()")
+    if callable(policy):
+        return CallablePolicy(policy)
+    if isinstance(policy, (list, tuple, set, frozenset)) and policy and all(isinstance(p, str) for p in policy):
+        return SaveThese(policy)
+    raise TypeError(f"checkpoint: policy={policy!r} is not a policy: pass a tg.Policy (tg.save_matmuls, "
+                    "tg.korthikanti_selective), a function (op, name) -> bool, or a non-empty collection of op kinds "
+                    "/ name patterns to keep, e.g. {'matmul', 'linear'}")
+
+
 # ---- what a segment observes and keeps ----------------------------------------------------------
-def _checksum(a):
+def _checksum(a, sample: bool = False):
+    """Sum in float64 of an array (None without values); `sample`: of a strided view of at most 16 elements per
+    axis, cheap enough to take of every op's output."""
     be = backend.current()
-    if not be.has_values or not be.is_array(a):
+    if not be.has_values or not be.is_array(a) or a.dtype.kind not in "fciub":
         return None
-    return float(a.sum(dtype="float64")) if a.dtype.kind in "fciub" else None
+    if sample:
+        a = a[tuple(slice(None, None, max(1, n // 16)) for n in a.shape)]
+    return float(a.sum(dtype="float64"))
 
 
 def _same(x, y) -> bool:
     return x == y or (x is not None and y is not None and math.isnan(x) and math.isnan(y))
 
 
+def _described(arrays, check: str, sample: bool) -> tuple:
+    """(key, shape, dtype, checksum) per array: what the determinism check compares."""
+    return tuple((k, tuple(a.shape), str(a.dtype), _checksum(a, sample) if check == "values" else None)
+                 for k, a in arrays if backend.current().is_array(a))
+
+
 @dataclass
 class Observation:
+    """One op of a segment as it ran: its name, what it saved and its outputs (shapes, dtypes, checksums of
+    the saves and of a sample of each output), and the RNG state before it."""
+
     index: int
     op: str
     name: str
-    saves: tuple  # (key, shape, dtype, checksum)
-    rng: tuple
+    saves: tuple
+    outputs: tuple
+    rng: tuple | None
 
 
 @dataclass
@@ -182,19 +247,19 @@ class Segment:
         finally:
             self.nested -= 1
 
-    def _observe(self, index, fn, name, ctx, rng) -> None:
-        saves = tuple(
-            (k, tuple(a.shape), str(a.dtype), _checksum(a) if self.check == "values" else None)
-            for k, a in ctx.saved.items() if backend.current().is_array(a)
-        )
-        self.observed[index] = Observation(index, fn.kind(), name, saves, rng)
+    def _observe(self, index, fn, name, ctx, out, rng, outputs=None) -> None:
+        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash)."""
+        if outputs is None:
+            outputs = _described(enumerate(out if isinstance(out, tuple) else (out,)), self.check, True)
+        self.observed[index] = Observation(index, fn.kind(), name, _described(ctx.saved.items(), self.check, False),
+                                           outputs, rng)
 
     def _forward_op(self, fn, name, ctx, arrays, params):
         index, self.count = self.count, self.count + 1
         rng = backend.get_rng_state()
         out = fn.forward(ctx, *arrays, **params)
+        self._observe(index, fn, name, ctx, out, rng)
         if ctx.saving:
-            self._observe(index, fn, name, ctx, rng)
             decision = self.policy.decide(fn.kind(), name) if self.policy is not None else None
             if decision is not None and decision.save:
                 self._keep(index, name, ctx, arrays, out, decision)
@@ -236,7 +301,7 @@ class Segment:
 
     def _replay_op(self, fn, name, ctx, arrays, params):
         index, self.count = self.count, self.count + 1
-        kept = self.forward.stash.get(index)
+        kept, seen = self.forward.stash.get(index), self.forward.observed.get(index)
         if kept is not None:  # kept by the policy: served, not recomputed
             out, saves = kept.serve(self.kept, arrays)
             vars(ctx).update(kept.attrs)  # the plain attributes its forward set (shapes, flags)
@@ -244,12 +309,12 @@ class Segment:
             ctx.served = True  # the ledger calls these saves "restored"
             ctx.flops = (0, kept.attrs["flops"][1])
         else:
-            seen = self.forward.observed.get(index)
             if seen is not None and seen.rng is not None:
                 backend.set_rng_state(seen.rng)  # the same random numbers as in the forward
             out = fn.forward(ctx, *arrays, **params)
-        if ctx.saving and fn is not Checkpoint:
-            self._observe(index, fn, name, ctx, None)
+        if fn is not Checkpoint:  # (an inner checkpoint's forward ran as one unobserved op of this segment's)
+            served = seen.outputs if kept is not None and seen is not None else None  # (placeholders returned)
+            self._observe(index, fn, name, ctx, out, None, outputs=served)
         return out
 
     def finish_forward(self, preserve_rng: bool) -> None:
@@ -280,38 +345,42 @@ class Segment:
         self.kept = {}
 
     def compare(self, replay: Segment) -> None:
-        """Raise CheckpointError at the first op whose replay saved something different."""
-        if self.check == "none":
-            return
-        fwd, rep = list(self.observed.values()), list(replay.observed.values())
-        for a, b in zip(fwd, rep):
-            if a.index != b.index or a.name != b.name or len(a.saves) != len(b.saves):
+        """Raise CheckpointError at the first op of the replay that differs from the forward: another op (always
+        checked), or, with determinism_check "metadata" / "values", other shapes and dtypes / values of what it
+        saved or returned."""
+        fwd, rep = self.observed, replay.observed
+        for i in sorted(set(fwd) | set(rep)):
+            a, b = fwd.get(i), rep.get(i)
+            if a is None or b is None or a.name != b.name:
+                ran = f"'{a.name}' ({a.op})" if a else "nothing"
+                got = f"'{b.name}' ({b.op})" if b else "nothing"
                 raise CheckpointError(
-                    f"checkpoint replay diverged at op '{b.name}' ({b.op}): the forward ran '{a.name}' ({a.op}) "
-                    f"saving {len(a.saves)} arrays here, the replay saved {len(b.saves)}. The segment must run the "
-                    "same ops in the same order each time (no branches on state that changed)." + _TIP
+                    f"checkpoint replay diverged at op {i}: the forward ran {ran}, the replay {got}. The segment "
+                    "must run the same ops in the same order each time (no branches on state that changed); this "
+                    "is checked whatever determinism_check says."
                 )
-            for (ka, sa, da, ca), (_kb, sb, db, cb) in zip(a.saves, b.saves):
-                if sa != sb or da != db:
-                    raise CheckpointError(
-                        f"checkpoint replay diverged at op '{a.name}' ({a.op}): saved '{ka}' was {list(sa)} {da} "
-                        f"in forward but {list(sb)} {db} in the replay." + _TIP
-                    )
-                if not _same(ca, cb):
-                    raise CheckpointError(
-                        f"checkpoint replay diverged at op '{a.name}' ({a.op}): saved '{ka}' {list(sa)} {da} has "
-                        f"checksum {ca!r} in forward but {cb!r} in the replay: the segment is not deterministic "
-                        "(randomness with preserve_rng_state=False, or global state that changed)." + _TIP
-                    )
-        if len(fwd) != len(rep):
-            extra = (fwd if len(fwd) > len(rep) else rep)[min(len(fwd), len(rep))]
+            if self.check != "none":
+                _compare(a, b, "saved", a.saves, b.saves)
+                _compare(a, b, "output", a.outputs, b.outputs)
+
+
+def _compare(a: Observation, b: Observation, what: str, before: tuple, after: tuple) -> None:
+    if len(before) != len(after):
+        raise CheckpointError(f"checkpoint replay diverged at op '{a.name}' ({a.op}): it {what} {len(before)} arrays "
+                              f"in forward but {len(after)} in the replay." + _TIP)
+    for (key, shape, dtype, value), (_, shape2, dtype2, value2) in zip(before, after):
+        if shape != shape2 or dtype != dtype2:
+            raise CheckpointError(f"checkpoint replay diverged at op '{a.name}' ({a.op}): {what} '{key}' was "
+                                  f"{list(shape)} {dtype} in forward but {list(shape2)} {dtype2} in the replay." + _TIP)
+        if not _same(value, value2):
             raise CheckpointError(
-                f"checkpoint replay diverged at op '{extra.name}' ({extra.op}): the forward had {len(fwd)} ops "
-                f"that save, the replay {len(rep)}." + _TIP
+                f"checkpoint replay diverged at op '{a.name}' ({a.op}): {what} '{key}' {list(shape)} {dtype} has "
+                f"checksum {value!r} in forward but {value2!r} in the replay: the segment is not deterministic "
+                "(randomness with preserve_rng_state=False, or global state that changed)." + _TIP
             )
 
 
-_TIP = " Pass determinism_check='none' to skip this check."
+_TIP = " Pass determinism_check='none' to skip this check (the op sequence is still checked)."
 
 
 def _placeholder(a):
@@ -443,20 +512,28 @@ def _rebuild(structure, tensors):
     return args, kwargs
 
 
-def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy: Policy | None = None,
-               determinism_check: str = "values", **kwargs):
+def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy=None,
+               determinism_check: str = "values", use_reentrant: bool | None = None, **kwargs):
     """fn(*args, **kwargs), keeping only the tensor arguments now and replaying `fn` in backward.
 
     name: the entry's name on the tape (default: the module's name, e.g. "h.3"). preserve_rng_state:
-    replay with the RNG state the forward had (dropout masks match). policy: a Policy (save_nothing,
-    save_matmuls, korthikanti_selective, or your own) to keep some ops' saves; None recomputes
-    everything. determinism_check: "values" (shapes, dtypes and checksums of what the replay saves
-    must match), "metadata" (shapes and dtypes), or "none". Under tg.no_grad() this is a plain call.
+    replay with the RNG state the forward had (dropout masks match). policy: what to keep instead of
+    recomputing (see `as_policy`: a Policy such as tg.save_matmuls, a function (op, name) -> bool, or a
+    collection of op kinds / name patterns); None recomputes everything. determinism_check: what the replay
+    must reproduce besides its op sequence (always checked): "values" (shapes, dtypes and checksums of what
+    each op saves and a sample of what it returns), "metadata" (shapes and dtypes) or "none".
+    use_reentrant: accepted for PyTorch's signature; only False (or None) exists here: PyTorch's
+    non-reentrant semantics (parameters get gradients even when no argument requires grad, arguments may be
+    returned as they are). Under tg.no_grad() this is a plain call.
     """
     if determinism_check not in ("values", "metadata", "none"):
         raise ValueError(
             f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got {determinism_check!r}"
         )
+    if use_reentrant:
+        raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
+                         "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
+    policy = as_policy(policy)
     st = state.local
     if not st.grad_enabled:
         return fn(*args, **kwargs)
@@ -573,5 +650,5 @@ def run_checkpointed(blocks, x, spec):
 
 __all__ = [
     "checkpoint", "checkpoint_sequential", "run_plan", "run_checkpointed", "CheckpointError", "Policy",
-    "Decision", "save_nothing", "save_matmuls", "korthikanti_selective",
+    "Decision", "as_policy", "save_nothing", "save_matmuls", "korthikanti_selective",
 ]

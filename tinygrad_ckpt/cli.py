@@ -29,11 +29,34 @@ _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32"
 
 
 def parse_size(text: str) -> int:
-    """Bytes from '80GB' (10^9), '80GiB' (2^30), '40e9', '512 MiB' or a plain number (units.parse_bytes)."""
+    """Bytes from '80GB' (10^9), '80GiB' (2^30), '512 MiB' (units.parse_bytes); a bare number is refused here,
+    since '--capacity 80' is far more likely to mean 80 GB than 80 bytes."""
     try:
-        return parse_bytes(text)
+        value = parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if re.fullmatch(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*", str(text)):  # a number without a unit
+        raise argparse.ArgumentTypeError(f"{text!r} has no unit: write e.g. {text}GB (10^9 bytes) or {text}GiB (2^30)")
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+class _Parser(argparse.ArgumentParser):
+    """One line and exit status 2 for a bad argument (argparse would print the whole usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _dtype(text: str) -> str:
@@ -173,7 +196,7 @@ def report(m: Measurement, capacity: int | None) -> str:
 
 # ---- the command line ----------------------------------------------------------------------------
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="tinygrad-ckpt",
         description="Where training memory goes, and how activation checkpointing buys it back.",
     )
@@ -189,19 +212,20 @@ def _parser() -> argparse.ArgumentParser:
                     "under a ledger, and print the measured memory and FLOPs beside the analytic formulas. "
                     "Defaults: the seed's 7B example.",
     )
-    e.add_argument("--layers", type=int, default=32, help="number of transformer blocks (default 32)")
-    e.add_argument("--d-model", type=int, default=4096, help="model width (default 4096)")
-    e.add_argument("--heads", type=int, default=32, help="attention heads (default 32)")
-    e.add_argument("--seq", type=int, default=2048, help="sequence length T (default 2048)")
-    e.add_argument("--batch", type=int, default=4, help="batch size B (default 4)")
-    e.add_argument("--vocab", type=int, default=32000, help="vocabulary size (default 32000)")
+    e.add_argument("--layers", type=_positive, default=32, help="number of transformer blocks (default 32)")
+    e.add_argument("--d-model", type=_positive, default=4096, help="model width (default 4096)")
+    e.add_argument("--heads", type=_positive, default=32, help="attention heads, dividing d-model (default 32)")
+    e.add_argument("--seq", type=_positive, default=2048, help="sequence length T (default 2048)")
+    e.add_argument("--batch", type=_positive, default=4, help="batch size B (default 4)")
+    e.add_argument("--vocab", type=_positive, default=32000, help="vocabulary size (default 32000)")
     e.add_argument("--dtype", type=_dtype, default="float16", help="float16 | float32 | float64 (default float16)")
     e.add_argument("--optimizer", choices=("adamw", "sgd", "none"), default="adamw",
                    help="adamw (two states per parameter), sgd (none) or none (no step)")
     e.add_argument("--checkpoint", type=_checkpoint, default="none",
                    help="none | every_layer | sqrt | selective (Korthikanti) | a number of segments")
     e.add_argument("--capacity", type=lambda t: None if t.lower() == "none" else parse_size(t), default="80GB",
-                   help="device memory to compare the peak with: 80GB, 80GiB, 40e9 or none (default 80GB)")
+                   help="device memory to compare the peak with, with its unit: 80GB, 80GiB, 74.5GiB or none "
+                        "(default 80GB)")
     e.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
     return parser
 
@@ -218,7 +242,10 @@ def main(argv=None) -> int:
         except ImportError as exc:
             print(f"tinygrad-ckpt figures: the figures module is not available ({exc})", file=sys.stderr)
             return 1
-        result = figures.run(quick=args.quick, only=args.only, out=args.out)
+        try:
+            result = figures.run(quick=args.quick, only=args.only, out=args.out)
+        except ValueError as exc:  # an unknown lesson number
+            parser.error(str(exc))
         return result if isinstance(result, int) else 0
     try:
         shape = est.GPTShape(n_layer=args.layers, d_model=args.d_model, n_head=args.heads, seq_len=args.seq,

@@ -12,6 +12,7 @@ backward reads it, which catches a change made behind the engine's back (`tensor
 
 from __future__ import annotations
 
+import math
 import sys
 import zlib
 
@@ -27,14 +28,14 @@ def clear_breakpoints() -> None:
     state.breakpoints.clear()
 
 
-def matches(entry, pattern: str) -> bool:
-    return pattern == entry.op or pattern == entry.name or pattern in entry.name.split(".") or (
-        "." in pattern and pattern in entry.name
-    )
+def matches(op: str, name: str, pattern: str) -> bool:
+    """Does `pattern` name this op: its kind ("softmax"), its scoped name, a part of it ("attn"), or a dotted
+    piece of it ("h.3.attn")?"""
+    return pattern == op or pattern == name or pattern in name.split(".") or ("." in pattern and pattern in name)
 
 
 def should_break(entry) -> bool:
-    return any(matches(entry, p) for p in state.breakpoints)
+    return any(matches(entry.op, entry.name, p) for p in state.breakpoints)
 
 
 def enter_debugger(entry) -> None:
@@ -51,17 +52,19 @@ def detect_anomaly():
     return state.patched(anomaly=True)
 
 
-def _bad(a) -> bool:
+def _bad(a, infs_allowed: bool = False) -> bool:
     be = backend.current()
     if not be.has_values or a is None or a.dtype.kind not in "fc":
         return False
-    return not bool(be.xp.isfinite(a).all())
+    return bool(be.xp.isnan(a).any()) if infs_allowed else not bool(be.xp.isfinite(a).all())
 
 
-def check_forward(name: str, outputs, entry) -> None:
-    """Under detect_anomaly, after an op's forward: no NaN/Inf out, and fingerprint what it saved."""
+def check_forward(name: str, outputs, entry, params) -> None:
+    """Under detect_anomaly, after an op's forward: no NaN out, no Inf either unless the op was asked for one
+    (masked_fill(value=-inf) fills the causal mask on purpose), and fingerprint what it saved."""
+    infs_allowed = any(isinstance(v, float) and math.isinf(v) for v in params.values())
     for i, out in enumerate(outputs):
-        if _bad(out):
+        if _bad(out, infs_allowed):
             raise FloatingPointError(
                 f"anomaly: forward of '{name}' produced NaN/Inf in output {i} of shape {list(out.shape)}; "
                 "inspect its inputs (e.g. log of a non-positive value, overflow in exp)."

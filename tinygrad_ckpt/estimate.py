@@ -59,10 +59,17 @@ class GPTShape:
     def __post_init__(self):
         if self.block_size is None:
             self.block_size = self.seq_len
+        for field_name in ("n_layer", "d_model", "n_head", "seq_len", "batch", "vocab_size", "block_size"):
+            value = getattr(self, field_name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GPTShape: {field_name} must be a positive integer, got {value!r}")
         if self.d_model % self.n_head:
-            raise ValueError("d_model must be divisible by n_head")
+            raise ValueError(f"GPTShape: {self.n_head} heads do not divide d_model {self.d_model}; pick a head count "
+                             f"that does (e.g. {self.d_model // 64 or 1} heads of 64)")
         if self.seq_len > self.block_size:
-            raise ValueError("seq_len exceeds block_size")
+            raise ValueError(f"GPTShape: seq_len {self.seq_len} exceeds block_size {self.block_size}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"GPTShape: dropout must be in [0, 1), got {self.dropout!r}")
 
     @property
     def head_dim(self) -> int:

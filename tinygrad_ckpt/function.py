@@ -97,7 +97,7 @@ class Function:
             edges = tuple(key_of(x) if needed else None for x, needed in zip(inputs, needs_grad))
             entry = TapeEntry(cls, name, ctx, edges, tuple(map(_meta, arrays)), tuple(map(_meta, outs)))
         if st.anomaly:
-            debug.check_forward(name, outs, entry)
+            debug.check_forward(name, outs, entry, params)
         linked = [requires_grad and i not in ctx.non_differentiable for i in range(len(outs))]
         results = tuple(Tensor._from_op(o, rg, entry if rg else None, i) for i, (o, rg) in enumerate(zip(outs, linked)))
         if st.observer is not None:

@@ -50,12 +50,16 @@ def embedding(ids, weight):
 
 
 def cross_entropy(logits, targets, ignore_index: int = -1):
-    """Mean negative log-likelihood of integer `targets` [N] under `logits` [N, C]."""
+    """Mean negative log-likelihood of integer `targets` [N] under `logits` [N, C], over the targets that are
+    not `ignore_index`. Unlike PyTorch (NaN), a batch whose targets are all ignored gives 0 and zero gradients:
+    a NaN there would reach every parameter through the optimizer."""
     return ops.CrossEntropy.apply(logits, _data(targets), ignore_index=ignore_index)
 
 
 def causal_mask(t_q: int, t_k: int):
-    """Boolean [t_q, t_k] array, True above the diagonal (the future positions to hide)."""
+    """Boolean [t_q, t_k] array, True above the diagonal (the future positions to hide). With fewer queries
+    than keys the diagonal sits bottom-right (the last query sees every key, as when decoding with cached keys);
+    PyTorch's is_causal aligns it top-left (its causal_lower_right bias gives this one)."""
     return xp().triu(xp().ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from . import backend, state
 from .observe import Observer
-from .units import format_bytes
+from .units import format_bytes, parse_bytes
 
 CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
 PHASES = ("forward", "backward", "recompute", "optimizer")
@@ -104,8 +104,9 @@ class Lifetime:
 class Ledger(Observer):
     """Records memory events and FLOPs while active (a context manager). See the module docstring."""
 
-    def __init__(self, capacity_bytes: int | None = None, trace_numpy: bool = False):
-        self.capacity_bytes = capacity_bytes
+    def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False):
+        self.capacity_bytes = capacity_bytes  # validated by the property below
+        self._entered = False
         self.trace_numpy = trace_numpy  # record tracemalloc's NumPy bytes at every op boundary
         self.events: list[Event] = []
         self.ops: list[dict] = []  # one slice per op: name, op, phase, step, t0, t1, flops
@@ -128,10 +129,33 @@ class Ledger(Observer):
         self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
 
     # ---- activation --------------------------------------------------------------------
+    @property
+    def capacity_bytes(self) -> int | None:
+        """The most the engine may hold before an op raises OutOfMemoryError (None: no limit)."""
+        return self._capacity
+
+    @capacity_bytes.setter
+    def capacity_bytes(self, value) -> None:
+        if value is not None:
+            wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise TypeError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
+            try:
+                number = parse_bytes(value) if isinstance(value, str) else value
+            except ValueError:
+                raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}") from None
+            if not number > 0:
+                raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
+            value = int(number)
+        self._capacity = value
+
     def __enter__(self) -> Ledger:
+        if self._entered:
+            raise RuntimeError("this Ledger has recorded already: a Ledger records one `with` block; make a new one")
         if state.local.observer is not None:
             raise RuntimeError(f"this thread is already observed by {state.local.observer!r}: one Ledger per thread "
-                               "at a time; exit the first one before entering another")
+                               "at a time (nesting is refused); exit the first one before entering another")
+        self._entered = True
         state.local.observer = self
         self._t0 = time.perf_counter()
         gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
