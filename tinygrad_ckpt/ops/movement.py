@@ -63,6 +63,11 @@ class Swapaxes(Function):
         return grad_out.swapaxes(*ctx.axes)
 
 
+def _describe(index) -> str:
+    parts = index if isinstance(index, tuple) else (index,)
+    return "[" + ", ".join(f"array{list(p.shape)}" if hasattr(p, "shape") else repr(p) for p in parts) + "]"
+
+
 def _is_basic(index) -> bool:
     parts = index if isinstance(index, tuple) else (index,)
     return all(isinstance(p, (int, slice)) or p is None or p is Ellipsis for p in parts)
@@ -82,7 +87,11 @@ class GetItem(Function):
         ctx.in_shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
         if not _is_basic(index):
             ctx.save(index=index)  # integer/boolean arrays: kept, since backward scatters through them
-        return x[index]
+        try:
+            return x[index]
+        except IndexError as exc:
+            raise IndexError(f"getitem: cannot index a tensor of shape {list(x.shape)} with {_describe(index)}: "
+                             f"{exc}") from None
 
     @staticmethod
     def backward(ctx, grad_out):

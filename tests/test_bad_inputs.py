@@ -1,0 +1,307 @@
+"""Bad input gets a clear error at the call the user made, and nothing is left broken.
+
+Every case below is run between two identical training steps of the same GPT (seeded, dropout on,
+every block checkpointed). Each must raise the stated exception type with a message that names the
+op or argument and the offending value or shape; afterwards the thread's recording state is clean
+and the second step's loss and gradients are bit-equal to the first's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tinygrad_ckpt as tg
+from tinygrad_ckpt import cli, nn, optim, state
+from tinygrad_ckpt import functional as F
+
+
+@pytest.fixture(scope="module")
+def gpt():
+    tg.manual_seed(0)
+    model = nn.GPT(vocab_size=32, block_size=8, n_layer=2, n_head=2, d_model=16, dropout=0.1,
+                   checkpoint="every_layer")
+    idx = np.random.default_rng(0).integers(0, 32, (2, 8))
+    return model, idx
+
+
+def training_step(model, idx):
+    """Forward and backward from a fixed RNG state: (loss, {name: gradient})."""
+    tg.manual_seed(7)
+    model.zero_grad()
+    _, loss = model(idx, idx)
+    loss.backward()
+    return loss.item(), {k: p.grad.copy() for k, p in model.named_parameters()}
+
+
+def leaf(*shape, dtype=np.float64):
+    return tg.Tensor(np.random.default_rng(1).standard_normal(shape).astype(dtype), requires_grad=True)
+
+
+def _replay_changes_ops():
+    calls = {"n": 0}
+
+    def fn(t):
+        calls["n"] += 1
+        return t.exp() if calls["n"] == 1 else t.tanh()  # another op on the replay
+
+    tg.checkpoint(fn, leaf(3), determinism_check="none").sum().backward()
+
+
+def _replay_changes_values():
+    calls = {"n": 0}
+
+    def fn(t):
+        calls["n"] += 1
+        return t * float(calls["n"])  # Scale saves nothing: only its output shows the change
+
+    tg.checkpoint(fn, leaf(3)).sum().backward()
+
+
+def _nested_ledger():
+    with tg.Ledger(), tg.Ledger():
+        pass
+
+
+def _reused_ledger():
+    led = tg.Ledger()
+    with led:
+        pass
+    with led:
+        pass
+
+
+def _anomaly_inf_weight(model, idx):
+    w = model.transformer.h[1].mlp.c_fc.weight
+    saved = w.data.copy()
+    w.data[0, 0] = np.inf
+    try:
+        with tg.detect_anomaly():
+            model(idx, idx)
+    finally:
+        w.data[...] = saved
+
+
+def _anomaly_log_negative():
+    with tg.detect_anomaly():
+        (leaf(3) - 5.0).log()
+
+
+def _mixed_backends():
+    a = tg.Tensor(np.ones(3))
+    tg.use_backend("meta")
+    try:
+        b = tg.Tensor(np.ones(3))
+    finally:
+        tg.use_backend("numpy")
+    return a + b
+
+
+# (id, call(model, idx), exception type, a pattern naming the op/argument and the value/shape)
+CASES = [
+    # ---- dtypes and requires_grad
+    ("int_requires_grad", lambda m, i: tg.Tensor(np.arange(4), requires_grad=True), TypeError,
+     r"requires_grad=True\): only floating-point.*int64 \(shape \[4\]\)"),
+    ("bool_requires_grad", lambda m, i: tg.Tensor(np.ones(2, bool), requires_grad=True), TypeError,
+     r"only floating-point.*dtype bool"),
+    ("int_requires_grad_", lambda m, i: tg.Tensor(np.arange(3)).requires_grad_(), TypeError,
+     r"requires_grad_\(True\).*int64 \(shape \[3\]\)"),
+    ("int_parameter", lambda m, i: nn.Parameter(np.arange(3)), TypeError, r"only floating-point.*int64"),
+    ("non_leaf_requires_grad_false", lambda m, i: (leaf(3) * 2.0).requires_grad_(False), RuntimeError,
+     r"requires_grad_\(False\).*made by 'scale' \[scale\].*detach"),
+    ("grad_wrong_shape", lambda m, i: setattr(leaf(3), "grad", np.ones(2)), ValueError,
+     r"\.grad of .*\[3\] float64, got \[2\] float64"),
+    ("grad_wrong_dtype", lambda m, i: setattr(leaf(3), "grad", np.ones(3, np.float32)), ValueError,
+     r"\.grad of .*\[3\] float64, got \[3\] float32"),
+    ("grad_not_an_array", lambda m, i: setattr(leaf(3), "grad", [1.0, 2.0, 3.0]), TypeError,
+     r"\.grad of .*numpy array.*got list"),
+    ("param_grad_wrong_shape", lambda m, i: setattr(m.lm_head.weight, "grad", np.ones((2, 2), np.float32)),
+     ValueError, r"\.grad of 'transformer\.wte\.weight'.*\[32, 16\].*got \[2, 2\]"),
+    # ---- token ids and targets
+    ("negative_token_id", lambda m, i: m(i - 1, i), IndexError, r"embedding: id -1 at position \[0, \d+\].*\[0, 32\)"),
+    ("token_id_past_vocab", lambda m, i: m(i + 32, i), IndexError, r"embedding: id \d+ .*outside \[0, 32\)"),
+    ("ids_1d", lambda m, i: m(i[0], i[0]), ValueError, r"GPT: idx .*\[B, T\], got \[8\].*idx\[None\]"),
+    ("ids_float", lambda m, i: m(i.astype(float), i), ValueError, r"GPT: idx .*got \[2, 8\] float64"),
+    ("targets_transposed", lambda m, i: m(i, i.T.copy()), ValueError, r"GPT: targets .*\[2, 8\].*got \[8, 2\]"),
+    ("sequence_too_long", lambda m, i: m(np.zeros((1, 9), np.int64)), ValueError,
+     r"GPT: sequence length 9 exceeds block_size 8"),
+    ("negative_target", lambda m, i: F.cross_entropy(leaf(3, 5), np.array([0, -3, 1])), IndexError,
+     r"cross_entropy: target -3 at position \[1\].*\[0, 5\)"),
+    ("target_past_classes", lambda m, i: F.cross_entropy(leaf(3, 5), np.array([0, 5, 1])), IndexError,
+     r"cross_entropy: target 5 .*\[0, 5\)"),
+    ("float_targets", lambda m, i: F.cross_entropy(leaf(3, 5), np.zeros(3)), TypeError,
+     r"cross_entropy: targets must be integer.*float64"),
+    ("targets_shape", lambda m, i: F.cross_entropy(leaf(3, 5), np.zeros(4, np.int64)), ValueError,
+     r"cross_entropy: .*logits \[3, 5\] and targets \[4\]"),
+    ("embedding_out_of_range", lambda m, i: F.embedding(np.array([0, 7]), leaf(5, 2)), IndexError,
+     r"embedding: id 7 .*\[0, 5\)"),
+    ("embedding_float_ids", lambda m, i: F.embedding(np.array([0.0, 1.0]), leaf(5, 2)), TypeError,
+     r"embedding: ids must be an integer array.*float64"),
+    # ---- tensor methods and ops
+    ("max_of_empty", lambda m, i: tg.Tensor(np.zeros((0,))).max(), ValueError, r"max: .*\[0\] has no elements"),
+    ("max_two_axes", lambda m, i: leaf(2, 3).max(axis=(0, 1)), ValueError, r"max: axis .*\(0, 1\)"),
+    ("sum_axis_out_of_range", lambda m, i: leaf(2, 3).sum(axis=5), ValueError, r"sum: axis 5 .*2 dimensions"),
+    ("reshape_count", lambda m, i: leaf(2, 3).reshape(4, 2), ValueError, r"reshape: .*\[2, 3\].*\[4, 2\]"),
+    ("permute_not_a_permutation", lambda m, i: leaf(2, 3).permute(0, 0), ValueError, r"permute: \[0, 0\].*\[2, 3\]"),
+    ("matmul_shapes", lambda m, i: leaf(2, 3) @ leaf(4, 5), ValueError, r"matmul: .*\[2, 3\] by \[4, 5\]"),
+    ("broadcast_shapes", lambda m, i: leaf(2, 3) + leaf(4, 3), ValueError, r"add: shapes \[2, 3\] and \[4, 3\]"),
+    ("pow_tensor_exponent", lambda m, i: leaf(3) ** leaf(3), TypeError, r"pow: only a constant .*Tensor"),
+    ("index_out_of_range", lambda m, i: leaf(3)[np.array([0, 5])], IndexError, r"getitem: .*\[3\].*5"),
+    ("backward_non_scalar", lambda m, i: (leaf(2, 3) * 2.0).backward(), RuntimeError,
+     r"non-scalar tensor of shape \[2, 3\]"),
+    ("backward_grad_shape", lambda m, i: (leaf(2, 3) * 2.0).backward(np.ones(3)), ValueError,
+     r"grad has shape \[3\], tensor has \[2, 3\]"),
+    ("backward_without_grad", lambda m, i: tg.Tensor(np.ones(2)).sum().backward(), RuntimeError,
+     r"shape \[\] that does not require grad"),
+    ("in_place_on_recorded", lambda m, i: leaf(3).add_(1.0), RuntimeError, r"add_: 'tensor' \[3\] .*no_grad"),
+    ("in_place_other_requires_grad", lambda m, i: tg.Tensor(np.ones(3)).mul_(leaf(3)), RuntimeError,
+     r"mul_: 'tensor' \[3\] .*other operand requires grad"),
+    ("second_backward", lambda m, i: [y := leaf(3).exp().sum(), y.backward(), y.backward()], RuntimeError,
+     r"'exp' \[exp\] a second time.*retain_graph=True"),
+    ("gelu_approximate", lambda m, i: F.gelu(leaf(3), approximate="fast"), ValueError,
+     r"gelu: approximate must be 'none' .* got 'fast'"),
+    ("dropout_p", lambda m, i: F.dropout(leaf(3), p=1.5), ValueError, r"dropout: p must be in \[0, 1\), got 1.5"),
+    ("layer_norm_weight", lambda m, i: F.layer_norm(leaf(2, 6), leaf(5), leaf(5)), ValueError,
+     r"layer_norm: weight \[5\] and bias \[5\].*\[2, 6\]"),
+    ("linear_shapes", lambda m, i: F.linear(leaf(2, 3), leaf(5, 4)), ValueError, r"linear: .*\[2, 3\].*\[5, 4\]"),
+    ("attention_rank", lambda m, i: F.scaled_dot_product_attention(leaf(2, 3), leaf(2, 3), leaf(2, 3)), ValueError,
+     r"scaled_dot_product_attention: q must be \[B, H, T, head_dim\], got \[2, 3\]"),
+    ("mixed_backends", lambda m, i: _mixed_backends(), TypeError, r"add: inputs live on different backends.*meta"),
+    ("unknown_backend", lambda m, i: tg.use_backend("tpu"), ValueError, r"unknown backend 'tpu'"),
+    # ---- modules
+    ("heads_do_not_divide", lambda m, i: nn.CausalSelfAttention(30, 4), ValueError, r"d_model=30 .*n_heads=4"),
+    ("state_dict_shape", lambda m, i: m.load_state_dict({**m.state_dict(), "lm_head.weight": np.ones((2, 2))}),
+     ValueError, r"load_state_dict: 'lm_head\.weight' has shape \[2, 2\].*\[32, 16\]"),
+    ("state_dict_missing", lambda m, i: m.load_state_dict({"nonsense": np.ones(2)}), KeyError,
+     r"missing keys .*transformer.*unexpected keys \['nonsense'\]"),
+    ("gpt_checkpoint_switch", lambda m, i: nn.GPT(8, 4, 1, 2, 8, checkpoint="sometimes")(np.zeros((1, 4), np.int64)),
+     ValueError, r"GPT\(checkpoint='sometimes'\)"),
+    # ---- optimizers
+    ("adamw_negative_lr", lambda m, i: optim.AdamW(m.parameters(), lr=-1), ValueError, r"AdamW: invalid lr -1"),
+    ("adamw_beta_one", lambda m, i: optim.AdamW(m.parameters(), betas=(1.0, 0.999)), ValueError,
+     r"AdamW: invalid betas \(1\.0, 0\.999\).*\[0, 1\)"),
+    ("adamw_one_beta", lambda m, i: optim.AdamW(m.parameters(), betas=(0.9,)), ValueError, r"invalid betas \(0\.9,\)"),
+    ("adamw_eps_zero", lambda m, i: optim.AdamW(m.parameters(), eps=0), ValueError, r"AdamW: invalid eps 0"),
+    ("adamw_weight_decay", lambda m, i: optim.AdamW(m.parameters(), weight_decay=-0.1), ValueError,
+     r"invalid weight_decay -0\.1"),
+    ("sgd_momentum", lambda m, i: optim.SGD(m.parameters(), momentum=-1), ValueError, r"SGD: invalid momentum -1"),
+    ("sgd_lr_string", lambda m, i: optim.SGD(m.parameters(), lr="fast"), ValueError, r"SGD: invalid lr 'fast'"),
+    ("optimizer_no_params", lambda m, i: optim.SGD([]), ValueError, r"SGD: got an empty parameter list"),
+    ("optimizer_array_param", lambda m, i: optim.SGD([np.ones(3)]), TypeError, r"SGD: every parameter .*array"),
+    # ---- checkpoint
+    ("policy_string", lambda m, i: tg.checkpoint(lambda t: t.exp(), leaf(3), policy="save_matmuls"), TypeError,
+     r"policy='save_matmuls' is a string; pass tg\.save_matmuls"),
+    ("policy_number", lambda m, i: tg.checkpoint(lambda t: t.exp(), leaf(3), policy=2), TypeError,
+     r"policy=2 is not a policy"),
+    ("policy_bad_answer", lambda m, i: tg.checkpoint(lambda t: t.exp(), leaf(3), policy=lambda op, name: 3),
+     TypeError, r"policy <lambda>\('exp', 'exp'\) returned 3"),
+    ("policy_class", lambda m, i: tg.checkpoint(lambda t: t.exp(), leaf(3), policy=tg.Policy), TypeError,
+     r"policy=Policy is a class"),
+    ("use_reentrant_true", lambda m, i: tg.checkpoint(lambda t: t.exp(), leaf(3), use_reentrant=True), ValueError,
+     r"use_reentrant=True is not implemented"),
+    ("determinism_check_value", lambda m, i: tg.checkpoint(lambda t: t, leaf(3), determinism_check="sometimes"),
+     ValueError, r"determinism_check must be .* got 'sometimes'"),
+    ("checkpoint_returns_number", lambda m, i: tg.checkpoint(lambda t: 3.0, leaf(3)), TypeError,
+     r"returned float, not a Tensor"),
+    ("replay_runs_other_ops", lambda m, i: _replay_changes_ops(), tg.CheckpointError,
+     r"diverged at op 0: the forward ran 'exp' \(exp\), the replay 'tanh' \(tanh\)"),
+    ("replay_other_values", lambda m, i: _replay_changes_values(), tg.CheckpointError,
+     r"diverged at op 'scale' \(scale\): output '0' \[3\] float64 has checksum"),
+    # ---- ledger
+    ("ledger_negative_capacity", lambda m, i: tg.Ledger(capacity_bytes=-1), ValueError, r"capacity_bytes .*got -1"),
+    ("ledger_zero_capacity", lambda m, i: tg.Ledger(capacity_bytes=0), ValueError, r"capacity_bytes .*got 0"),
+    ("ledger_capacity_unit", lambda m, i: tg.Ledger(capacity_bytes="80XB"), ValueError, r"capacity_bytes .*'80XB'"),
+    ("ledger_capacity_type", lambda m, i: tg.Ledger(capacity_bytes=[80]), TypeError, r"capacity_bytes .*\[80\]"),
+    ("ledger_nested", lambda m, i: _nested_ledger(), RuntimeError, r"already observed by <.*Ledger.*nesting"),
+    ("ledger_reused", lambda m, i: _reused_ledger(), RuntimeError, r"this Ledger has recorded already"),
+    # ---- anomaly detection
+    ("anomaly_inf_weight", _anomaly_inf_weight, FloatingPointError,
+     r"forward of 'h\.1\.mlp\.c_fc\.linear' produced NaN/Inf in output 0 of shape \[2, 8, 64\]"),
+    ("anomaly_log_negative", lambda m, i: _anomaly_log_negative(), FloatingPointError,
+     r"forward of 'log' produced NaN/Inf in output 0 of shape \[3\]"),
+]
+
+
+@pytest.mark.parametrize("call, kind, pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_raises_clearly_and_breaks_nothing(gpt, call, kind, pattern):
+    model, idx = gpt
+    loss, grads = training_step(model, idx)
+    with pytest.raises(kind, match=pattern), np.errstate(all="ignore"):
+        call(model, idx)
+    st = state.local
+    assert (st.grad_enabled, st.prefix, st.segment, st.observer, st.anomaly) == (True, "", None, None, False)
+    loss2, grads2 = training_step(model, idx)
+    assert loss2 == loss
+    for k in grads:
+        assert np.array_equal(grads2[k], grads[k]), k
+
+
+def test_there_are_at_least_sixty_cases():
+    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["estimate", "--layers", "0"], "--layers: '0' must be at least 1"),
+    (["estimate", "--layers", "-1"], "--layers: '-1' must be at least 1"),
+    (["estimate", "--seq", "0"], "--seq: '0' must be at least 1"),
+    (["estimate", "--heads", "0"], "--heads: '0' must be at least 1"),
+    (["estimate", "--heads", "7"], "7 heads do not divide d_model 4096"),
+    (["estimate", "--capacity", "80"], "'80' has no unit: write e.g. 80GB"),
+    (["estimate", "--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
+    (["estimate", "--checkpoint", "sometimes"], "unknown checkpoint 'sometimes'"),
+    (["figures", "--only", "99"], "no lesson numbered [99]"),
+])
+def test_cli_answers_a_bad_argument_with_one_line(argv, words, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert err.count("\n") == 1 and words in err and "Traceback" not in err
+
+
+def test_python_numbers_promote_integer_tensors_as_pytorch_does():
+    ints = tg.Tensor(np.arange(4))
+    assert (ints * 0.5).dtype == np.float32 and np.array_equal((ints * 0.5).numpy(), [0, 0.5, 1, 1.5])
+    assert (ints + 0.5).dtype == np.float32 and np.array_equal((ints + 0.5).numpy(), [0.5, 1.5, 2.5, 3.5])
+    assert (ints / 2).dtype == np.float32 and np.array_equal((ints / 2).numpy(), [0, 0.5, 1, 1.5])
+    assert (ints * 2).dtype == ints.dtype  # int with int stays int
+    flags = tg.Tensor(np.array([True, False]))
+    assert (flags + 1).dtype == np.int64 and np.array_equal((flags + 1).numpy(), [2, 1])
+    assert (tg.Tensor(np.ones(2, np.float32)) * 0.5).dtype == np.float32  # float32 stays float32
+
+
+def test_tensor_indices_inside_a_tuple_index_by_their_data():
+    x = tg.Tensor(np.arange(12.0).reshape(3, 4), requires_grad=True)
+    y = x[tg.Tensor(np.array([0, 2])), tg.Tensor(np.array([1, 3]))]
+    assert np.array_equal(y.numpy(), [1.0, 11.0])
+    y.sum().backward()
+    assert x.grad[0, 1] == 1 and x.grad[2, 3] == 1 and x.grad.sum() == 2
+
+
+def test_policies_from_a_function_or_a_collection_of_names():
+    tg.manual_seed(0)
+    block = nn.Block(8, 2).to(np.float64)
+    x = np.random.default_rng(0).standard_normal((2, 4, 8))
+    block(tg.Tensor(x)).sum().backward()
+    plain = {k: p.grad.copy() for k, p in block.named_parameters()}
+    for policy in ({"linear", "matmul"}, ["h.0.attn", "gelu"], lambda op, name: op == "linear",
+                   lambda op, name: tg.Decision(op == "softmax", "keep the softmax")):
+        block.zero_grad()
+        y = tg.checkpoint(block, tg.Tensor(x), policy=policy)
+        assert any(k.startswith("kept") for k in y.tape()[0].ctx.saved)  # the policy kept something
+        y.sum().backward()
+        for k, p in block.named_parameters():
+            assert np.array_equal(p.grad, plain[k]), (policy, k)
+
+
+def test_detect_anomaly_is_quiet_on_a_healthy_gpt(gpt):
+    model, idx = gpt
+    with tg.detect_anomaly():
+        model(idx, idx)[1].backward()  # the causal mask's -inf is deliberate: no alarm
+
+
+def test_cross_entropy_over_all_ignored_targets_is_zero_not_nan():
+    logits = leaf(3, 5)
+    loss = F.cross_entropy(logits, np.full(3, -1))
+    loss.backward()
+    assert loss.item() == 0.0 and not logits.grad.any()
