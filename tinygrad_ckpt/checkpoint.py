@@ -317,8 +317,9 @@ class Segment:
             self._observe(index, fn, name, ctx, out, None, outputs=served)
         return out
 
-    def finish_forward(self, preserve_rng: bool) -> None:
-        """After the forward: drop kept outputs that no recomputed op reads (a placeholder stays)."""
+    def finish_forward(self, preserve_rng: bool) -> list[Tensor]:
+        """After the forward: drop kept outputs that no recomputed op reads (a placeholder stays); returns the
+        older tensors the segment read, which become the entry's inputs (this segment lets go of them)."""
         if not preserve_rng:
             for seen in self.observed.values():
                 seen.rng = None
@@ -332,8 +333,9 @@ class Segment:
                     del self.kept[key]
                     if observer is not None:
                         observer.on_release(self.reports.pop(key), {key: a})
-        self.implicit_tensors = list(self.implicit.values())
+        implicit = list(self.implicit.values())
         self.implicit.clear()  # the entry's edges reach them now; this segment must not hold their data
+        return implicit
 
     def hand_over(self) -> None:
         """The Checkpoint entry holds the kept arrays now: end this segment's own report of them."""
@@ -552,9 +554,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
             f"checkpoint: {getattr(fn, '__name__', fn)!r} returned {type(out).__name__}, not a Tensor: the function "
             "must return a Tensor or a tuple/list/dict of Tensors."
         )
-    segment.finish_forward(preserve_rng_state)
-    implicit = segment.implicit_tensors
-    del segment.implicit_tensors
+    implicit = segment.finish_forward(preserve_rng_state)
     replay = Replay(fn, structure, tuple(t.requires_grad for t in tensors),
                     tuple(key_of(t) if t.requires_grad else None for t in tensors),
                     tuple(key_of(t) for t in implicit), rng if preserve_rng_state else None, st.prefix, segment)

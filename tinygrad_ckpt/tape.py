@@ -83,8 +83,9 @@ class TapeEntry:
         return [_edge_name(edge) for edge in self.inputs]
 
     def __repr__(self) -> str:
-        ins = [f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(self.input_names(), self.in_meta)]
-        leaves = [n for n, edge in zip(self.input_names(), self.inputs) if isinstance(edge, weakref.ref)]
+        names = self.input_names()
+        ins = [f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(names, self.in_meta)]
+        leaves = [n for n, edge in zip(names, self.inputs) if isinstance(edge, weakref.ref)]
         if len(leaves) > 3:  # a checkpoint reads a block's parameters: say so once
             common = ".".join(os.path.commonprefix([n.split(".") for n in leaves])) or "leaves"
             ins = [i for i, edge in zip(ins, self.inputs) if not isinstance(edge, weakref.ref)]
