@@ -50,15 +50,11 @@ def measure(cfg, checkpoint):
 
 def layer_costs(led, cfg):
     """Per-layer saved bytes, input bytes and forward FLOPs, measured from an uncheckpointed run."""
-    saved = led.saved_breakdown(by="module", depth=2)
-    flops = {}
-    for op in led.ops:
-        if op["phase"] == "forward" and op["name"].startswith("h."):
-            layer = ".".join(op["name"].split(".")[:2])
-            flops[layer] = flops.get(layer, 0) + op["flops"]
+    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
     input_bytes = cfg["B"] * cfg["T"] * cfg["d"] * 4
-    costs = [planner.LayerCost(flops[f"h.{i}"], saved[f"h.{i}"], input_bytes) for i in range(cfg["n_layer"])]
-    outside = sum(v for k, v in saved.items() if not k.startswith("h."))
+    blocks = [f"transformer.h.{i}" for i in range(cfg["n_layer"])]
+    costs = [planner.LayerCost(flops[b], saved[b], input_bytes) for b in blocks]
+    outside = sum(v for k, v in saved.items() if k not in blocks)
     return costs, outside
 
 

@@ -38,8 +38,9 @@ def sizes(quick: bool) -> dict:
 
 
 def layer1_idle(led) -> dict:
-    """When backward first reads any of layer 1's (h.0's) saved buffers, as a share of the backward pass."""
-    lives = [lf for lf in led.lifetimes() if plots.layer_of(lf.name) == "h.0" and lf.idle_fraction is not None]
+    """When backward first reads any of layer 1's (transformer.h.0's) saved buffers, as a share of the backward pass."""
+    lives = [lf for lf in led.lifetimes()
+             if plots.layer_of(lf.name) == "transformer.h.0" and lf.idle_fraction is not None]
     first = min(lives, key=lambda lf: lf.first_used)
     weights = np.array([lf.nbytes for lf in lives], dtype=float)
     return dict(steps=first.idle_fraction, flops=first.idle_fraction_flops, first_reader=first.name,
@@ -93,7 +94,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           "ran before\nthe layer's first saved buffer was read. ('held': still referenced after backward, by "
           "the caller's arrays.)")
     expected = (n - 1) / n
-    print(f"\nLayer 1 (h.0): {C.format_bytes(idle1['layer_bytes'])} saved; backward first reads it "
+    print(f"\nLayer 1 (transformer.h.0): {C.format_bytes(idle1['layer_bytes'])} saved; backward first reads it "
           f"({idle1['first_reader']}) after {idle1['steps']:.1%} of the backward ops\n"
           f"({idle1['flops']:.1%} of the backward FLOPs); byte-weighted over its buffers {idle1['bytes_weighted']:.1%}."
           f"\n(n-1)/n for n = {n}: {expected:.1%}. The rest of the difference is the head (lm_head, ln_f, "
@@ -122,12 +123,13 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     paths.append(plots.save(fig, C.fig_path(out, f"{SLUG}_timeline.png")))
 
     layer_names = [r["name"] for r in rows_l]
-    h0_rows = [r["name"] for r in plots.lifetime_rows(led, by="buffer") if plots.layer_of(r["name"]) == "h.0"]
+    h0_rows = [r["name"] for r in plots.lifetime_rows(led, by="buffer")
+               if plots.layer_of(r["name"]) == "transformer.h.0"]
     fig, axes = plots.new_figure(2, 1, figsize=(11, 3.2 + 0.22 * (len(layer_names) + len(h0_rows))), sharex=True,
                                  gridspec_kw=dict(height_ratios=[len(layer_names), len(h0_rows)]))
     plots.plot_lifetimes(axes[0], led, by="layer", title="Lifetimes of saved activations, one row per layer "
                          "(forward order, top to bottom)", names=layer_names)
-    plots.plot_lifetimes(axes[1], led, by="buffer", title="Layer 1 (h.0), one row per saved buffer",
+    plots.plot_lifetimes(axes[1], led, by="buffer", title="Layer 1 (transformer.h.0), one row per saved buffer",
                          names=h0_rows, legend=False)
     axes[0].set_xlabel("")
     paths.append(plots.save(fig, C.fig_path(out, f"{SLUG}_lifetimes.png")))

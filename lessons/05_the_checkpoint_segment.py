@@ -67,8 +67,8 @@ def build(cfg: dict, ckpt_kwargs=None):
 
 
 def block_forward_flops(led) -> int:
-    """FLOPs of the blocks' ops in the forward phase (op names h.0.*, h.1.*, ...)."""
-    return sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"].startswith("h."))
+    """FLOPs of the blocks' ops in the forward phase (layers transformer.h.0, transformer.h.1, ...)."""
+    return sum(f for layer, f in led.flops_by_layer("forward").items() if layer.startswith("transformer.h."))
 
 
 def measure(cfg: dict, batch, ckpt_kwargs=None) -> dict:

@@ -71,8 +71,7 @@ def run_gpt(cfg: dict, batch, checkpoint=None, keep_ledger: bool = False) -> dic
     del model, loss
     C.fresh()
     out = dict(peak=led.peak_bytes("activation"), total_peak=led.peak_bytes(), recompute=led.flops("recompute"),
-               block_forward=sum(op["flops"] for op in led.ops
-                                 if op["phase"] == "forward" and op["name"].startswith("h.")))
+               block_forward=sum(f for layer, f in led.flops_by_layer().items() if layer.startswith("transformer.h.")))
     if keep_ledger:
         out["led"] = led
     return out
@@ -82,13 +81,12 @@ def measured_costs(cfg: dict, led) -> dict:
     """Per-layer costs from a plain run: a_k (saved bytes of block k), b_k (its input), f_k (its forward
     FLOPs), and what the stem (embeddings) and head (ln_f, lm_head, loss) save outside the chain."""
     n = cfg["n_layer"]
-    by_module = led.saved_breakdown(by="module", depth=2)
-    saved = [by_module[f"h.{k}"] for k in range(n)]
-    flops = [sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"].startswith(f"h.{k}."))
-             for k in range(n)]
+    by_layer, flops_by_layer = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
+    saved = [by_layer[f"transformer.h.{k}"] for k in range(n)]
+    flops = [flops_by_layer[f"transformer.h.{k}"] for k in range(n)]
     input_bytes = cfg["batch"] * cfg["seq_len"] * cfg["d_model"] * 4  # B·T·d float32
-    stem = sum(v for key, v in by_module.items() if key in ("wte", "wpe", "drop"))
-    head = sum(by_module.values()) - sum(saved) - stem
+    stem = sum(v for key, v in by_layer.items() if key in ("transformer.wte", "transformer.wpe", "transformer.drop"))
+    head = sum(by_layer.values()) - sum(saved) - stem
     return dict(costs=[LayerCost(f, a, input_bytes) for f, a in zip(flops, saved)], stem=stem, head=head,
                 a=saved[0], b=input_bytes, f=flops[0])
 
@@ -275,10 +273,10 @@ def _main(quick: bool, out: str) -> dict:
     a, b, f = m["a"], m["b"], m["f"]
     k_star = math.sqrt(n * a / b)
     C.heading("1. Per-layer costs, measured from one plain run")
-    print(f"a = saved bytes of one block (led.saved_breakdown(by='module', depth=2)['h.0']): {a:,} B")
+    print(f"a = saved bytes of one block (led.saved_breakdown('layer')['transformer.h.0']): {a:,} B")
     print(f"b = bytes of a block's input, B·T·d·4:                                         {b:,} B  "
           f"(a/b = {a / b:.1f})")
-    print(f"f = forward FLOPs of one block (sum over led.ops named h.0.*):                {f:,}")
+    print(f"f = forward FLOPs of one block (led.flops_by_layer()['transformer.h.0']):        {f:,}")
     print(f"outside the chain: the stem (embeddings) keeps {m['stem']:,} B throughout, the head (ln_f, lm_head, "
           f"loss)\n{m['head']:,} B until the backward reaches the blocks. Plain activation peak: "
           f"{C.format_bytes(plain['peak'])} = n·a + stem + head = {n * a + m['stem'] + m['head']:,} B "

@@ -58,7 +58,7 @@ def make(cfg: dict, checkpoint=None):
 
 
 def block_forward_flops(led) -> int:
-    return sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"].startswith("h."))
+    return sum(f for layer, f in led.flops_by_layer("forward").items() if layer.startswith("transformer.h."))
 
 
 def block_ops(cfg: dict) -> tuple[list[dict], dict]:
@@ -87,9 +87,9 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
                 if id(owner) not in seen:
                     seen.add(id(owner))
                     kept += nbytes
-            if not entry.name.startswith("h.0."):
+            if not entry.name.startswith("transformer.h.0."):
                 continue
-            short = entry.name[len("h.0."):]
+            short = entry.name[len("transformer.h.0."):]
             occurrence = seen_names.get(short, 0)
             seen_names[short] = occurrence + 1
             label = SECOND_NAMES[short][occurrence] if short in SECOND_NAMES else short
@@ -99,7 +99,7 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
     del model, loss
     C.fresh()
     return rows, dict(peak=led.peak_bytes("activation"), recompute=0, block_forward=block_forward_flops(led),
-                      after_forward=after_forward, per_block=led.saved_breakdown("module", 2)["h.0"])
+                      after_forward=after_forward, per_block=led.saved_breakdown("layer")["transformer.h.0"])
 
 
 def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
@@ -300,7 +300,8 @@ def _main(quick: bool, out: str) -> dict:
     print(C.table(table, ["op (in h.0)", "kind", "bytes kept", "of block", "FLOPs", "of block", "B/FLOP",
                           "saves"], ["<", "<", ">", ">", ">", ">", ">", "<"]))
     print("views, " + ", ".join(f"{op} ×{k}" for op, k in views.items()) + ": save nothing, cost nothing.")
-    print(f"block h.0 keeps {total_b:,} B (ledger: led.saved_breakdown('module', 2)['h.0'] = {plain['per_block']:,}) "
+    print(f"block h.0 keeps {total_b:,} B (ledger: led.saved_breakdown('layer')['transformer.h.0'] = "
+          f"{plain['per_block']:,}) "
           f"and costs {total_f:,} FLOPs forward.")
     cheap = sorted((r for r in rows if r["bytes"] and 100 * r["flops"] < QUADRANT * total_f
                     and 100 * r["bytes"] > QUADRANT * total_b),

@@ -88,8 +88,8 @@ class Run:
         self.at_peak = {c: int(tl[c][i]) for c in CATEGORIES}  # bytes live at the moment of the total peak
         self.peak_phase = str(tl["phase"][i])
         self.category_peaks = {c: led.peak_bytes(c) for c in CATEGORIES}
-        self.block_forward_flops = sum(op["flops"] for op in led.ops
-                                       if op["phase"] == "forward" and op["name"].startswith("h."))
+        self.block_forward_flops = sum(f for layer, f in led.flops_by_layer().items()
+                                       if layer.startswith("transformer.h."))
         self.recompute_flops = led.flops("recompute")
         self.recompute_ratio = self.recompute_flops / self.block_forward_flops  # extra forwards of the blocks
         self.led = led if keep_ledger else None
@@ -117,12 +117,11 @@ class MetaTrainer:
 def layer_costs(led, shape: est.GPTShape) -> list[planner.LayerCost]:
     """The planner's per-layer costs, measured from a plain step: f_k (forward FLOPs of block k's ops),
     a_k (bytes block k saves for backward), b_k (its input, B·T·d values)."""
-    saved = led.saved_breakdown(by="module", depth=2)
+    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
     b = shape.batch * shape.seq_len * shape.d_model * shape.value_bytes
     costs = []
     for k in range(shape.n_layer):
-        f = sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"].startswith(f"h.{k}."))
-        costs.append(planner.LayerCost(f, saved[f"h.{k}"], b))
+        costs.append(planner.LayerCost(flops[f"transformer.h.{k}"], saved[f"transformer.h.{k}"], b))
     return costs
 
 
@@ -348,11 +347,12 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     seed_formula_config = est.seed_activation_bytes_total(L, B, T, d, v)
     terms = est.engine_activation_terms(shape)
     engine_layer = sum(terms.values())
-    h0 = {k[len("h.0."):]: n for k, n in led.saved_breakdown(by="name").items() if k.startswith("h.0.")}
+    h0 = {k[len("transformer.h.0."):]: n for k, n in led.saved_breakdown(by="name").items()
+          if k.startswith("transformer.h.0.")}
     measured_layer = sum(h0.values())
-    by_module = led.saved_breakdown(by="module", depth=2)
-    blocks = sum(n for k, n in by_module.items() if k.startswith("h."))
-    outside = {k: n for k, n in by_module.items() if not k.startswith("h.")}
+    by_layer = led.saved_breakdown(by="layer")
+    blocks = sum(n for k, n in by_layer.items() if k.startswith("transformer.h."))
+    outside = {k: n for k, n in by_layer.items() if not k.startswith("transformer.h.")}
     print(f"one steady-state AdamW step, measured in {plain_seed.seconds:.1f} s: activation peak {fb(act_peak)}")
     print(f"the seed's formula for this model ({L} × 12·B·T·d × 2 B): {fb(seed_formula_config)}; "
           f"measured / formula = {act_peak / seed_formula_config:.2f}")
@@ -364,7 +364,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     rows.append(("total", "", f"{engine_layer:,}", f"{measured_layer:,}", ""))
     print(f"\nOne block (h.0), term by term: engine_activation_terms vs led.saved_breakdown(by='name') "
           f"(E = B·T·d = {E:,}):")
-    print(C.table(rows, ["term", "scales as", "formula (B)", "measured (B)", "saved as h.0.<name>"]))
+    print(C.table(rows, ["term", "scales as", "formula (B)", "measured (B)", "saved as transformer.h.0.<name>"]))
     tt_sum = sum(terms[k] for k in t2_keys)
     e_sum = sum(n for k, n in terms.items() if k not in t2_keys and not k.endswith("rstd"))
     seed_layer = est.seed_activation_bytes_per_layer(B, T, d, v)
@@ -373,9 +373,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"the seed's 12·E·2 B = {fb(seed_layer)}. Measured per block: {fb(measured_layer)} "
           f"({measured_layer / seed_layer:.2f}× the seed's).")
     print(f"all {L} blocks: {fb(blocks)}; outside the blocks: "
-          + ", ".join(f"{'cross_entropy' if k == '(top)' else k} {C.format_bytes(n)}"
+          + ", ".join(f"{k} {C.format_bytes(n)}"
                       for k, n in outside.items() if n >= 2**20)
-          + f";\n{fb(sum(by_module.values()))} saved in all: the activation peak.")
+          + f";\n{fb(sum(by_layer.values()))} saved in all: the activation peak.")
     same = B * H * T * T == 16 * E
     print("\nWhy the seed's formula is short: its prose lists the attention weights [B, H, T, T], but 12·B·T·d has "
           "no term for\nthem. They grow with T², and at T = 2048 they are as big as everything else in the layer "

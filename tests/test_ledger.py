@@ -185,8 +185,8 @@ def test_timeline_summary_flops_and_breakdown():
     assert led.flops() == led.flops("forward") + led.flops("backward")
     text = led.summary()
     assert all(c in text for c in CATEGORIES) and "peak" in text
-    by_layer = led.saved_breakdown(by="module", depth=2)
-    assert by_layer["h.0"] == by_layer["h.1"] > 0
+    by_layer = led.saved_breakdown(by="layer")
+    assert by_layer["transformer.h.0"] == by_layer["transformer.h.1"] > 0
 
 
 def test_no_ledger_no_cost_paths():

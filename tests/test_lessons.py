@@ -217,7 +217,7 @@ def test_lesson4_layer1_idle_fraction_is_about_n_minus_1_over_n(runs):
 def test_lesson4_peak_is_in_backward_and_layers_release_in_reverse(runs):
     r = runs[4]
     assert r["peak_phase"] == "backward"
-    blocks = [row for row in r["layers"] if row["name"].startswith("h.")]
+    blocks = [row for row in r["layers"] if row["name"].startswith("transformer.h.")]
     assert len(blocks) == r["n_layer"]
     firsts = [row["first_used"] for row in blocks]
     assert firsts == sorted(firsts, reverse=True)  # the last layer is read first

@@ -33,11 +33,13 @@ def test_entries_are_plain_records_with_readable_repr():
     tape = loss.tape()
     assert isinstance(tape, tg.Tape) and len(tape) == len(tape.entries) > 0
     names = [e.name for e in tape.entries]
-    for expected in ["wte.embedding", "wpe.embedding", "h.0.ln_1.layer_norm", "h.0.attn.c_attn.linear",
-                     "h.0.attn.softmax", "h.0.attn.c_proj.linear", "h.0.mlp.c_fc.linear", "h.0.mlp.gelu",
-                     "h.1.mlp.gelu", "ln_f.layer_norm", "lm_head.linear", "cross_entropy"]:
+    for expected in ["transformer.wte.embedding", "transformer.wpe.embedding", "transformer.h.0.ln_1.layer_norm",
+                     "transformer.h.0.attn.c_attn.linear", "transformer.h.0.attn.softmax",
+                     "transformer.h.0.attn.c_proj.linear", "transformer.h.0.mlp.c_fc.linear",
+                     "transformer.h.0.mlp.gelu", "transformer.h.1.mlp.gelu", "transformer.ln_f.layer_norm",
+                     "lm_head.linear", "cross_entropy"]:
         assert expected in names, expected
-    assert names[-1] == "cross_entropy" and names[0] == "wte.embedding"
+    assert names[-1] == "cross_entropy" and names[0] == "transformer.wte.embedding"
     assert [e.seq for e in tape.entries] == sorted(e.seq for e in tape.entries)  # forward order
     for e in tape.entries:
         assert isinstance(e, tg.TapeEntry) and not hasattr(e, "__dict__")  # a plain record with fixed fields
@@ -48,18 +50,20 @@ def test_entries_are_plain_records_with_readable_repr():
         assert e.name.split(".")[-1] == e.op
         text = repr(e)
         assert "\n" not in text and text.startswith(f"{e.name} [{e.op}]")
-    gelu = tape.entries[names.index("h.0.mlp.gelu")]
+    gelu = tape.entries[names.index("transformer.h.0.mlp.gelu")]
     text = repr(gelu)
     # input and output shapes, what is saved and its size: [2, 8, 64] float32 = 4096 bytes
-    assert "(h.0.mlp.c_fc.linear [2, 8, 64] float32) -> ([2, 8, 64] float32)" in text  # inputs by producer
+    assert "(transformer.h.0.mlp.c_fc.linear [2, 8, 64] float32) -> ([2, 8, 64] float32)" in text  # inputs by producer
     assert "saves x [2, 8, 64] float32 (4.0 KiB)" in text
     assert gelu.saved_bytes() == 2 * 8 * 64 * 4
     assert repr(tape).splitlines()[0].startswith(f"Tape with {len(tape)} entries")
-    assert repr(tape).splitlines()[1].startswith("  #0 wte.embedding [embedding] (transformer.wte.weight [11, 16]")
-    assert "(h.0.ln_1.layer_norm [2, 8, 16] float32, transformer.h.0.attn.c_attn.weight [48, 16] float32, " \
-           "transformer.h.0.attn.c_attn.bias [48] float32)" in repr(tape.entries[names.index("h.0.attn.c_attn.linear")])
+    assert repr(tape).splitlines()[1].startswith(
+        "  #0 transformer.wte.embedding [embedding] (transformer.wte.weight [11, 16]")
+    qkv = repr(tape.entries[names.index("transformer.h.0.attn.c_attn.linear")])
+    assert "(transformer.h.0.ln_1.layer_norm [2, 8, 16] float32, transformer.h.0.attn.c_attn.weight [48, 16] " \
+           "float32, transformer.h.0.attn.c_attn.bias [48] float32)" in qkv
     assert sorted(p.name for p in model.parameters()) == sorted(dict(model.named_parameters()))
-    assert "saves nothing (0 B)" in repr(tape.entries[names.index("h.0.add")])
+    assert "saves nothing (0 B)" in repr(tape.entries[names.index("transformer.h.0.add")])
 
 
 def _declared_saves(tape):
@@ -72,7 +76,7 @@ def test_entry_saved_bytes_are_its_declared_arrays_by_buffer():
         buffers = {id(owner(a)): owner_nbytes(a) for a in e.ctx.saved.values() if hasattr(a, "nbytes")}
         assert e.saved_bytes() == sum(buffers.values()), e
     # q, k, v are views of one c_attn output buffer: the first attention matmul (saves q and k) counts it once
-    qk = next(e for e in loss.tape().entries if e.name == "h.0.attn.matmul")
+    qk = next(e for e in loss.tape().entries if e.name == "transformer.h.0.attn.matmul")
     assert qk.saved_bytes() == 2 * 8 * 48 * 4
 
 
@@ -275,8 +279,8 @@ def test_break_before_opens_pdb_at_the_named_entry():
     rc, out = _run_script(code, stdin="p entry.name\nc\n" * 4 + "q\n")
     assert rc == 0, out
     assert out.count("stopping before the backward of ") == 2  # one softmax per block
-    assert "'h.1.attn.softmax'" in out and "'h.0.attn.softmax'" in out
-    assert out.index("'h.1.attn.softmax'") < out.index("'h.0.attn.softmax'")  # backward order
+    assert "'transformer.h.1.attn.softmax'" in out and "'transformer.h.0.attn.softmax'" in out
+    assert out.index("'transformer.h.1.attn.softmax'") < out.index("'transformer.h.0.attn.softmax'")  # backward order
     assert "DONE (48, 16)" in out
 
 
@@ -285,7 +289,7 @@ def test_break_from_environment_variable():
                           stdin="p entry.name\np [g.shape for g in grad_outs]\nc\n" * 3 + "q\n")
     assert rc == 0, out
     assert out.count("stopping before the backward of ") == 1
-    assert "'h.0.mlp.gelu'" in out and "[(2, 8, 64)]" in out
+    assert "'transformer.h.0.mlp.gelu'" in out and "[(2, 8, 64)]" in out
     assert "DONE" in out
 
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from . import backend, debug, observe, state
 from .function import Function
-from .tape import backward_steps, graph, key_of, run
+from .tape import backward_steps, edge_name, graph, key_of, run
 from .tensor import Tensor
 
 
@@ -224,6 +224,12 @@ class Segment:
         self.count = 0  # ops run so far: their index
         self.nested = 0  # >0 while an inner checkpoint runs as a plain call inside this forward
 
+    def __repr__(self) -> str:
+        role = "replay" if self.records else "forward"
+        policy = f", policy {self.policy.name}" if self.policy is not None else ""
+        kept = f", keeps {', '.join(self.kept)}" if self.kept else ""
+        return f"<checkpoint segment ({role}): {self.count} ops so far, check {self.check!r}{policy}{kept}>"
+
     def run(self, fn, name, ctx, arrays, params, inputs):
         """Called by Function.apply for every op inside the segment: run (or serve) its forward."""
         if self.records:
@@ -405,11 +411,19 @@ class Replay:
     rng: tuple | None
     prefix: str
     segment: Segment
+    name: str  # what the segment holds ("transformer.h.0", "transformer.h.0-3", a function's name)
+    arg_names: tuple  # per tensor argument: the name of the tensor it was (its replay leaf takes it)
+
+    def __repr__(self) -> str:
+        rng = "its RNG state" if self.rng is not None else "no RNG state"
+        return f"<replay of {self.name or 'a segment'}: {len(self.requires_grad)} argument(s), {rng}>"
 
     def run(self, kept: dict):
         """Replay the segment on fresh leaves holding the saved arguments; returns (leaves, outputs, the
         sequence number before the replay's first entry)."""
         leaves = [Tensor._from_op(kept[f"input{i}"], rg, None, 0) for i, rg in enumerate(self.requires_grad)]
+        for leaf, name in zip(leaves, self.arg_names):
+            leaf.name = name
         args, kwargs = _rebuild(self.structure, leaves)
         segment = Segment(self.segment.policy, self.segment.check, forward=self.segment, kept=kept)
         outer_rng, start = backend.get_rng_state(), state.next_sequence()
@@ -518,7 +532,8 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
                determinism_check: str = "values", use_reentrant: bool | None = None, **kwargs):
     """fn(*args, **kwargs), keeping only the tensor arguments now and replaying `fn` in backward.
 
-    name: the entry's name on the tape (default: the module's name, e.g. "h.3"). preserve_rng_state:
+    name: what the entry says it holds; it is named `<name>.checkpoint` on the tape (default: the module's
+    path, e.g. "transformer.h.3", or the function's name). preserve_rng_state:
     replay with the RNG state the forward had (dropout masks match). policy: what to keep instead of
     recomputing (see `as_policy`: a Policy such as tg.save_matmuls, a function (op, name) -> bool, or a
     collection of op kinds / name patterns); None recomputes everything. determinism_check: what the replay
@@ -555,10 +570,12 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
             "must return a Tensor or a tuple/list/dict of Tensors."
         )
     implicit = segment.finish_forward(preserve_rng_state)
+    held = name or getattr(fn, "_name", "") or getattr(fn, "__name__", "").strip("<>")
     replay = Replay(fn, structure, tuple(t.requires_grad for t in tensors),
                     tuple(key_of(t) if t.requires_grad else None for t in tensors),
-                    tuple(key_of(t) for t in implicit), rng if preserve_rng_state else None, st.prefix, segment)
-    with state.name_scope(name or getattr(fn, "_name", "")):
+                    tuple(key_of(t) for t in implicit), rng if preserve_rng_state else None, st.prefix, segment,
+                    held, tuple(edge_name(key_of(t)) for t in tensors))
+    with state.name_scope(held):
         results = Checkpoint.apply(*tensors, *implicit, replay=replay, outputs=outputs)
     segment.hand_over()
     results = iter(results if isinstance(results, tuple) else (results,))

@@ -92,9 +92,9 @@ class Measurement:
 
     @property
     def per_layer_saved(self) -> int:
-        """Bytes saved for backward per block (mean over blocks h.0 .. h.{L-1}; recomputed saves included)."""
-        by_block = {k: v for k, v in self.ledger.saved_breakdown(by="module", depth=2).items()
-                    if re.fullmatch(r"h\.\d+", k)}
+        """Bytes saved for backward per block (mean over the blocks transformer.h.0 .. ; recomputed saves included)."""
+        by_block = {k: v for k, v in self.ledger.saved_breakdown(by="layer").items()
+                    if re.fullmatch(r"transformer\.h\.\d+", k)}
         return round(statistics.mean(by_block.values())) if by_block else 0
 
 

@@ -37,12 +37,27 @@ import numpy as np
 
 from . import backend, state
 from .observe import Observer
+from .tape import edge_name
 from .units import format_bytes, parse_bytes
 
 CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
 PHASES = ("forward", "backward", "recompute", "optimizer")
 _PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
 
+
+
+def layer_of(name: str) -> str:
+    """The layer an op or a saved buffer belongs to: its path up to the first index, or else its module.
+
+    'transformer.h.3.mlp.gelu:x' -> 'transformer.h.3', 'transformer.h.0-3.checkpoint' -> 'transformer.h.0-3',
+    'transformer.ln_f.layer_norm:xhat' -> 'transformer.ln_f', and an op outside any module names
+    itself: 'cross_entropy:logits' -> 'cross_entropy'.
+    """
+    parts = name.split(":")[0].split(".")
+    for i, part in enumerate(parts):
+        if part[:1].isdigit():
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-1]) or parts[0]
 
 
 def current() -> Ledger | None:
@@ -128,6 +143,12 @@ class Ledger(Observer):
         self._traced_at_op_start = 0
         self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
 
+    def __repr__(self) -> str:
+        status = "recording" if state.local.observer is self else ("done" if self._entered else "not started")
+        capacity = f", capacity {format_bytes(self.capacity_bytes)}" if self.capacity_bytes is not None else ""
+        return (f"<Ledger ({status}): {len(self.events)} events, {len(self.ops)} ops, "
+                f"peak {format_bytes(self.peak_total)}{capacity}>")
+
     # ---- activation --------------------------------------------------------------------
     @property
     def capacity_bytes(self) -> int | None:
@@ -182,9 +203,9 @@ class Ledger(Observer):
                 if obj.grad is not None:
                     self.track(obj.grad, "gradient", f"{obj.name or 'tensor'}.grad", action="existing")
             elif issubclass(kind, Optimizer):
-                for state in obj.state.values():
-                    for k, a in state.items():
-                        self.track(a, "optimizer", k, action="existing")
+                for p in obj.params:
+                    for k, a in obj.state.get(id(p), {}).items():
+                        self.track(a, "optimizer", obj.state_name(p, k), action="existing")
             elif issubclass(kind, TapeEntry) and obj.ctx.saved:
                 self.on_save(obj.name, obj.ctx.saved, action="existing")
 
@@ -321,21 +342,13 @@ class Ledger(Observer):
     def on_op(self, kind: str, name: str, ctx, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
         phase = self.current_phase
-        transient = 0
+        transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
             transient = tracemalloc.get_traced_memory()[1] - self._traced_at_op_start
         for out in outputs:
             self.track(out, "other", name)
         self.on_save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
-        self.step += 1
-        self.flops_by_phase[phase] += ctx.flops[0]
-        self._emit("op", 0, "", name, flops=ctx.flops[0])
-        self.ops.append({"name": name, "op": kind, "phase": phase, "step": self.step,
-                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0,
-                         "flops": ctx.flops[0]})
-        if self.trace_numpy and tracemalloc.is_tracing():
-            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
-        self._check_capacity(name)
+        self._record_op(kind, name, phase, ctx.flops[0], transient)
 
     def on_backward(self, entry) -> None:
         self._op_t0 = time.perf_counter()
@@ -351,18 +364,24 @@ class Ledger(Observer):
                     life.last_used = self.step
 
     def on_backward_done(self, entry, grad_ins) -> None:
-        for g in grad_ins:
-            if g is not None:
-                self.track(g, "gradient", f"{entry.name}.grad")
+        for i, (edge, g) in enumerate(zip(entry.inputs, grad_ins)):
+            if g is not None:  # named after the tensor it is the gradient of
+                self.track(g, "gradient", f"{edge_name(edge)}.grad" if edge is not None else f"{entry.name}.grad{i}")
+        self._record_op(entry.op, entry.name, "backward", entry.ctx.flops[1])
+
+    def on_update(self, kind: str, name: str, flops: int) -> None:
+        self._record_op(kind, name, self.current_phase, flops)
+
+    def _record_op(self, kind: str, name: str, phase: str, flops: int, transient: int = 0) -> None:
+        """One op ran (a forward, a backward or an update): a step, its FLOPs, a trace slice; then the capacity."""
         self.step += 1
-        self.flops_by_phase["backward"] += entry.ctx.flops[1]
-        self._emit("op", 0, "", entry.name, flops=entry.ctx.flops[1])
-        self.ops.append({"name": entry.name, "op": entry.op, "phase": "backward", "step": self.step,
-                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0,
-                         "flops": entry.ctx.flops[1]})
+        self.flops_by_phase[phase] += flops
+        self._emit("op", 0, "", name, flops=flops)
+        self.ops.append({"name": name, "op": kind, "phase": phase, "step": self.step,
+                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0, "flops": flops})
         if self.trace_numpy and tracemalloc.is_tracing():
-            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), 0))
-        self._check_capacity(entry.name)
+            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
+        self._check_capacity(name)
 
     def _check_capacity(self, name: str) -> None:
         total = self._total
@@ -450,23 +469,37 @@ class Ledger(Observer):
                     break
         return list(self._lifetimes.values())
 
-    def saved_breakdown(self, by: str = "module", depth: int | None = None) -> dict:
+    def saved_breakdown(self, by: str = "layer", depth: int | None = None) -> dict:
         """Bytes saved for backward, each buffer counted once (under its first saver).
 
-        by="op": per op kind; by="module": per scoped module name (e.g. "h.3.mlp"; cut to `depth`
-        dot-separated parts if given, "h.3" for depth=2); by="name": per saved array.
+        by="layer": per layer (`layer_of`: "transformer.h.3", "transformer.ln_f", "cross_entropy");
+        by="module": per scoped module name ("transformer.h.3.mlp"; cut to `depth` dot-separated parts if
+        given); by="op": per op kind; by="name": per saved array.
         """
+        if by not in ("layer", "module", "op", "name"):
+            raise ValueError(f"saved_breakdown: by must be 'layer', 'module', 'op' or 'name', got {by!r}")
         out: dict[str, int] = {}
         for life in self._lifetimes.values():
             op_name = life.name.split(":")[0]
             if by == "name":
                 key = life.name
+            elif by == "layer":
+                key = layer_of(life.name)
             elif by == "op":
                 key = op_name.rsplit(".", 1)[-1]
             else:
                 parts = op_name.split(".")[:-1] or ["(top)"]
                 key = ".".join(parts[:depth] if depth else parts)
             out[key] = out.get(key, 0) + life.nbytes
+        return out
+
+    def flops_by_layer(self, phase: str = "forward") -> dict:
+        """FLOPs of the ops of one phase, per layer (`layer_of` of the op's name)."""
+        out: dict[str, int] = {}
+        for op in self.ops:
+            if op["phase"] == phase:
+                key = layer_of(op["name"])
+                out[key] = out.get(key, 0) + op["flops"]
         return out
 
     def summary(self) -> str:

@@ -3,8 +3,9 @@
 A parameter's `name` is its path from the outermost module (`transformer.h.3.mlp.c_fc.weight`),
 as in `state_dict()`: tape entries, the ledger and error messages use it.
 
-Calling a module opens a name scope, so the ops it records are named after where they run:
-`h.3.mlp.gelu` is the GELU inside block 3's MLP. A nanoGPT `state_dict` converted to NumPy
+Calling a module opens a name scope, so the ops it records are named after where they run, on the
+same path: `transformer.h.3.mlp.gelu` is the GELU inside block 3's MLP, whose first linear holds
+`transformer.h.3.mlp.c_fc.weight`. A nanoGPT `state_dict` converted to NumPy
 (`{k: v.numpy() for k, v in sd.items()}`) loads as it is.
 """
 
@@ -27,8 +28,7 @@ def _normal(shape, std: float, dtype) -> object:
 class Module:
     """Base class: children and parameters registered by attribute assignment, named by path."""
 
-    _transparent_scope = False  # containers whose name is left out of op names (GPT.transformer)
-    _container = False  # ModuleList: never called itself, so its children carry its name ("h.3")
+    _container = False  # ModuleList, ModuleDict: never called, so their children carry their path ("h.3")
 
     def __init__(self):
         object.__setattr__(self, "_modules", {})
@@ -48,13 +48,11 @@ class Module:
                 if p.name == path:
                     p.name = f"{key}.{path}"
             if value._container:
-                for child_key, child in value._modules.items():
-                    object.__setattr__(child, "_name", f"{key}.{child_key}")
+                _name_children(value, key)
         object.__setattr__(self, key, value)
 
     def __call__(self, *args, **kwargs):
-        scope = "" if self._transparent_scope else self._name
-        with name_scope(scope):
+        with name_scope(self._name):
             return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
@@ -139,6 +137,15 @@ class Module:
         return ""
 
 
+def _name_children(container: Module, path: str) -> None:
+    """A container's children are named by their path through it ("transformer.h.3"), through nested
+    containers too, since no container opens a scope of its own."""
+    for key, child in container._modules.items():
+        object.__setattr__(child, "_name", f"{path}.{key}")
+        if child._container:
+            _name_children(child, f"{path}.{key}")
+
+
 class ModuleList(Module):
     _container = True
 
@@ -159,9 +166,10 @@ class ModuleList(Module):
 
 
 class ModuleDict(Module):
-    def __init__(self, transparent_scope: bool = False, **modules):
+    _container = True
+
+    def __init__(self, **modules):
         super().__init__()
-        object.__setattr__(self, "_transparent_scope", transparent_scope)
         for k, m in modules.items():
             setattr(self, k, m)
 
@@ -287,7 +295,6 @@ class GPT(Module):
                  dropout: float = 0.0, checkpoint=None):
         super().__init__()
         self.transformer = ModuleDict(
-            transparent_scope=True,
             wte=Embedding(vocab_size, d_model),
             wpe=Embedding(block_size, d_model),
             drop=Dropout(dropout),

@@ -14,6 +14,8 @@ thread) when something is installed there, and does nothing otherwise:
                                           backward ran, or its graph was dropped)
     on_backward(entry)                    entry's backward is about to run
     on_backward_done(entry, grad_ins)     it ran; `grad_ins` are the gradients it produced; may raise
+    on_update(kind, name, flops)          an update outside the tape ran (an optimizer step on parameter
+                                          `name`), after on_op_start; may raise
     begin_phase(name) / end_phase(name)   the events in between belong to a phase ("backward",
                                           "recompute", "optimizer"); phases nest
 
@@ -42,6 +44,8 @@ class Observer:
 
     def on_backward_done(self, entry, grad_ins) -> None: ...
 
+    def on_update(self, kind: str, name: str, flops: int) -> None: ...
+
     def begin_phase(self, name: str) -> None: ...
 
     def end_phase(self, name: str) -> None: ...
@@ -66,3 +70,14 @@ def alloc(array, category: str, name: str) -> None:
     observer = state.local.observer
     if observer is not None:
         observer.on_alloc(array, category, name)
+
+
+@contextlib.contextmanager
+def update(kind: str, name: str, flops: int):
+    """Tell this thread's observer (if any) that what runs inside updates `name` in place, costing `flops`."""
+    observer = state.local.observer
+    if observer is not None:
+        observer.on_op_start()
+    yield
+    if observer is not None:
+        observer.on_update(kind, name, flops)

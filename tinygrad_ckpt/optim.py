@@ -1,6 +1,10 @@
 """Optimizers. Their states are backend arrays, allocated on the first step (as in PyTorch), and
 counted by the ledger as "optimizer" memory; updates run in place on `p.data`, and each updated
-parameter's version is bumped, so a graph recorded before the step refuses to run backward."""
+parameter's version is bumped, so a graph recorded before the step refuses to run backward.
+
+`step()` and `zero_grad()` are the ledger's phase "optimizer" by themselves, and each parameter's
+update is one op there, named after the parameter, with its FLOPs (no wrapper needed). A state is
+named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.weight:adamw.m`."""
 
 from __future__ import annotations
 
@@ -35,10 +39,24 @@ class Optimizer:
         self.state: dict[int, dict] = {}
         self.step_count = 0
 
+    def __repr__(self) -> str:
+        hyper = ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
+                          if k not in ("params", "state", "step_count", "state_dtype"))
+        return f"{type(self).__name__}({hyper}; {len(self.params)} parameters, {self.step_count} steps taken)"
+
     def zero_grad(self) -> None:
         """Drop every gradient (set to None, so the memory is really freed)."""
-        for p in self.params:
-            p.grad = None
+        with observe.phase("optimizer"):
+            for p in self.params:
+                p.grad = None
+
+    def state_name(self, p, key: str) -> str:
+        """How the ledger names state `key` of parameter p: "transformer.wte.weight:adamw.m"."""
+        return f"{p.name or 'param'}:{type(self).__name__.lower()}.{key}"
+
+    def flops_per_element(self) -> int:
+        """Arithmetic operations `update` spends on one element of a parameter."""
+        raise NotImplementedError
 
     def _state(self, p, **names):
         """The state arrays of parameter p, created as zeros on first use."""
@@ -46,16 +64,18 @@ class Optimizer:
         if st is None:
             st = {k: xp().zeros(p.shape, dtype=self.state_dtype or p.dtype) for k in names}
             for k, a in st.items():
-                observe.alloc(a, "optimizer", f"{p.name or 'param'}.{k}")
+                observe.alloc(a, "optimizer", self.state_name(p, k))
             self.state[id(p)] = st
         return st
 
     def step(self) -> None:
         with observe.phase("optimizer"):
             self.step_count += 1
+            kind, flops = type(self).__name__.lower(), self.flops_per_element()
             for p in self.params:
                 if p.grad is not None:
-                    self.update(p, p.grad)
+                    with observe.update(kind, p.name or "param", flops * p.size):
+                        self.update(p, p.grad)
                     increment_version(p)
 
     def update(self, p, g) -> None:
@@ -71,6 +91,9 @@ class SGD(Optimizer):
         _check("SGD", "momentum", momentum, lambda v: v >= 0, "momentum >= 0")
         _check("SGD", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
         self.momentum, self.weight_decay = momentum, weight_decay
+
+    def flops_per_element(self) -> int:
+        return 2 + (2 if self.weight_decay else 0) + (2 if self.momentum else 0)  # w -= lr·v; + λ·w; μ·v + g
 
     def update(self, p, g) -> None:
         if self.weight_decay:
@@ -97,6 +120,10 @@ class AdamW(Optimizer):
         _check("AdamW", "eps", eps, lambda v: v > 0, "eps > 0")
         _check("AdamW", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
         self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
+
+    def flops_per_element(self) -> int:
+        # m: 3, v: 4, v̂ and √v̂ + eps: 3, w -= step·m/denom: 3, decay: 1
+        return 13 + (1 if self.weight_decay else 0)
 
     def update(self, p, g) -> None:
         b1, b2 = self.betas

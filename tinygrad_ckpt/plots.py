@@ -21,7 +21,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .ledger import CATEGORIES, PHASES
+from .ledger import CATEGORIES, PHASES, layer_of
 from .units import format_bytes
 
 CATEGORY_COLORS = {
@@ -237,16 +237,6 @@ def plot_timelines_side_by_side(leds, titles, path=None, x: str = "event", supti
 
 
 # ---------------------------------------------------------------- lifetimes
-
-def layer_of(name: str) -> str:
-    """The layer a saved buffer belongs to: 'h.3.mlp.gelu:x' -> 'h.3', 'ln_f.layer_norm:xhat' -> 'ln_f',
-    and an op outside any module names itself: 'cross_entropy:logits' -> 'cross_entropy'."""
-    op_name = name.split(":")[0]
-    parts = op_name.split(".")
-    if len(parts) >= 2 and parts[0] == "h" and parts[1].isdigit():
-        return f"h.{parts[1]}"
-    return parts[0]
-
 
 def op_of(name: str) -> str:
     """The op kind of a saved buffer: 'h.3.mlp.gelu:x' -> 'gelu'."""

@@ -80,7 +80,7 @@ class TapeEntry:
             debug.check_fingerprints(self)
 
     def input_names(self) -> list[str]:
-        return [_edge_name(edge) for edge in self.inputs]
+        return [edge_name(edge) for edge in self.inputs]
 
     def __repr__(self) -> str:
         names = self.input_names()
@@ -106,7 +106,9 @@ def _fmt_meta(meta) -> str:
     return f"{list(shape)} {dtype}"
 
 
-def _edge_name(edge) -> str:
+def edge_name(edge) -> str:
+    """The name of the tensor an edge (or a `key_of` key) points at: its producer's name, with the output
+    index for an op of several outputs, or the leaf's name. Its gradient is named this + ".grad"."""
     if edge is None:
         return ""
     if isinstance(edge, tuple):
@@ -178,7 +180,7 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     generator's value, and the graph behind them is not entered.
     """
     store = _Gradients(capture)
-    store.add_all([key_of(t) for t in tensors], grads, "seed")
+    store.add_all([key_of(t) for t in tensors], grads)
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
     grads.clear()
@@ -202,7 +204,7 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
                 entry.release()
             if observer is not None:
                 observer.on_backward_done(entry, grad_ins)
-            store.add_all(entry.inputs, grad_ins, entry.name)
+            store.add_all(entry.inputs, grad_ins)
             grad_ins = None  # drop our references now, so consumed gradients free at once
     return store.captured
 
@@ -238,28 +240,28 @@ class _Gradients:
         zeros = backend.xp().zeros
         return [g if g is not None else zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grads, entry.out_meta)]
 
-    def add_all(self, keys, grads, name: str) -> None:
-        """Route the gradients `name`'s backward produced (a loop in the generator would keep the last alive)."""
+    def add_all(self, keys, grads) -> None:
+        """Route the gradients an entry's backward produced (a loop in the generator would keep the last alive)."""
         for key, g in zip(keys, grads):
-            self.add(key, g, name)
+            self.add(key, g)
 
-    def add(self, key, g, name: str) -> None:
+    def add(self, key, g) -> None:
         if key is None or g is None:
             return
         if isinstance(key, tuple):  # a tensor an op made
             captured = self.capture is not None and key in self.capture
-            self._sum(self.captured if captured else self.pending, key, g, name)
+            self._sum(self.captured if captured else self.pending, key, g)
             return
         leaf = key()
         if leaf is None:
             return
         if self.capture is not None and key in self.capture:
-            self._sum(self.captured, key, g, name)
+            self._sum(self.captured, key, g)
         else:
             leaf._accumulate_grad(g, shared=id(g) in self.handed)
             self.handed.add(id(g))
 
-    def _sum(self, where: dict, key, g, name: str) -> None:
+    def _sum(self, where: dict, key, g) -> None:
         if key not in where:
             where[key] = g
         elif key in self.owned:
@@ -268,6 +270,6 @@ class _Gradients:
             total = where[key] + g
             observer = state.local.observer
             if observer is not None:
-                observer.on_alloc(total, "gradient", f"{name}.grad")
+                observer.on_alloc(total, "gradient", f"{edge_name(key)}.grad")
             where[key] = total
             self.owned.add(key)
