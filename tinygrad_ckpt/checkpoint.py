@@ -444,6 +444,7 @@ class Checkpoint(Function):
     segment and backpropagates through the replay."""
 
     op = "checkpoint"
+    begins_early = True
 
     @staticmethod
     def forward(ctx, *arrays, replay: Replay, outputs):
@@ -561,6 +562,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     structure = _structure((args, kwargs), tensors)
     segment = Segment(policy, determinism_check, explicit=tensors)
     rng = backend.get_rng_state()
+    observe.op_start()  # the Checkpoint op begins here: its trace slice wraps the segment's ops
     with state.patched(segment=segment):
         out = fn(*args, **kwargs)
     outputs = _flatten(out)

@@ -54,6 +54,7 @@ class Function:
     """Base class of every op. Subclasses define `forward(ctx, *arrays, **params)` and `backward`."""
 
     op: str = ""  # op kind shown on the tape; defaults to the lower-cased class name
+    begins_early = False  # True: its caller told the observer when it began (a checkpoint, before its segment)
 
     @staticmethod
     def forward(ctx, *arrays, **params):
@@ -84,7 +85,7 @@ class Function:
         requires_grad = any(needs_grad)
         ctx = Context(needs_grad, saving=requires_grad)
         name = st.prefix + cls.kind()
-        if st.observer is not None:
+        if st.observer is not None and not cls.begins_early:
             st.observer.on_op_start()
         segment = st.segment
         if segment is None:

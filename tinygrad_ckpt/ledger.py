@@ -129,18 +129,17 @@ class Ledger(Observer):
         self.peak = dict.fromkeys(CATEGORIES, 0)
         self.peak_total = 0
         self._total = 0  # live bytes over all categories
-        self._live_at_op_start = 0  # for the OutOfMemoryError message: what the failing op added
         self.allocated_total = dict.fromkeys(CATEGORIES, 0)
         self.freed_total = dict.fromkeys(CATEGORIES, 0)
         self.flops_by_phase = dict.fromkeys(PHASES, 0)
         self.step = 0
         self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
         self._next_buffer = 0
-        self._phase_stack: list[str] = []
+        self._phase_stack: list[tuple[str, float]] = []  # (phase, when it began)
+        self.spans: list[dict] = []  # one per phase run (a backward, a replay, an optimizer step): name, t0, t1
         self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
         self._t0 = time.perf_counter()
-        self._op_t0 = 0.0
-        self._traced_at_op_start = 0
+        self._starts: list[tuple] = []  # per op begun and not yet recorded: (time, live bytes, traced bytes)
         self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
 
     def __repr__(self) -> str:
@@ -213,21 +212,22 @@ class Ledger(Observer):
     @contextlib.contextmanager
     def phase(self, name: str):
         """Attribute the ops inside to a phase ("recompute", "optimizer")."""
-        self._phase_stack.append(name)
+        self.begin_phase(name)
         try:
             yield
         finally:
-            self._phase_stack.pop()
+            self.end_phase(name)
 
     def begin_phase(self, name: str) -> None:
-        self._phase_stack.append(name)
+        self._phase_stack.append((name, time.perf_counter()))
 
     def end_phase(self, name: str) -> None:
-        self._phase_stack.pop()
+        name, t0 = self._phase_stack.pop()
+        self.spans.append({"name": name, "phase": name, "t0": t0 - self._t0, "t1": time.perf_counter() - self._t0})
 
     @property
     def current_phase(self) -> str:
-        return self._phase_stack[-1] if self._phase_stack else "forward"
+        return self._phase_stack[-1][0] if self._phase_stack else "forward"
 
     # ---- recording -----------------------------------------------------------------------
     def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
@@ -333,26 +333,26 @@ class Ledger(Observer):
         self.track(array, category, name)
 
     def on_op_start(self) -> None:
-        self._op_t0 = time.perf_counter()
-        self._live_at_op_start = self._total
+        """An op begins (a checkpoint's begins before the ops of its segment, so its slice wraps theirs)."""
+        traced = 0
         if self.trace_numpy and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
-            self._traced_at_op_start = tracemalloc.get_traced_memory()[0]
+            traced = tracemalloc.get_traced_memory()[0]
+        self._starts.append((time.perf_counter(), self._total, traced))
 
     def on_op(self, kind: str, name: str, ctx, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
         phase = self.current_phase
         transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
-            transient = tracemalloc.get_traced_memory()[1] - self._traced_at_op_start
+            transient = tracemalloc.get_traced_memory()[1] - self._starts[-1][2]
         for out in outputs:
             self.track(out, "other", name)
         self.on_save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
         self._record_op(kind, name, phase, ctx.flops[0], transient)
 
     def on_backward(self, entry) -> None:
-        self._op_t0 = time.perf_counter()
-        self._live_at_op_start = self._total
+        self._starts.append((time.perf_counter(), self._total, 0))
         be = backend.current()
         for a in entry.ctx.saved.values():
             if be.is_array(a):
@@ -374,20 +374,20 @@ class Ledger(Observer):
 
     def _record_op(self, kind: str, name: str, phase: str, flops: int, transient: int = 0) -> None:
         """One op ran (a forward, a backward or an update): a step, its FLOPs, a trace slice; then the capacity."""
+        t0, live_at_start, _ = self._starts.pop() if self._starts else (time.perf_counter(), self._total, 0)
         self.step += 1
         self.flops_by_phase[phase] += flops
         self._emit("op", 0, "", name, flops=flops)
         self.ops.append({"name": name, "op": kind, "phase": phase, "step": self.step,
-                         "t0": self._op_t0 - self._t0, "t1": time.perf_counter() - self._t0, "flops": flops})
+                         "t0": t0 - self._t0, "t1": time.perf_counter() - self._t0, "flops": flops})
         if self.trace_numpy and tracemalloc.is_tracing():
             self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
-        self._check_capacity(name)
+        self._check_capacity(name, self._total - live_at_start)
 
-    def _check_capacity(self, name: str) -> None:
+    def _check_capacity(self, name: str, request: int) -> None:
         total = self._total
         if self.capacity_bytes is None or total <= self.capacity_bytes:
             return
-        request = total - self._live_at_op_start
         holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
         by_cat = ", ".join(f"{c} {format_bytes(self.live[c], digits=2)}" for c in CATEGORIES if self.live[c])
         biggest = "; ".join(f"{b.name} ({b.category}, {format_bytes(b.nbytes, digits=2)})" for b in holders)
@@ -526,12 +526,17 @@ class Ledger(Observer):
 
     # ---- exports ---------------------------------------------------------------------------
     def to_chrome_trace(self, path=None) -> dict:
-        """Chrome trace / Perfetto JSON: op slices ("X") and one counter track ("C") per category.
+        """Chrome trace / Perfetto JSON: one slice ("X") per op and per phase run, nested as they ran (a
+        checkpoint's slice wraps its segment's forward ops; a backward wraps each checkpoint's replay, which
+        wraps the recomputed ops), and a counter track ("C") of the live bytes per category.
         Timestamps in microseconds since the ledger started."""
         trace = [{"ph": "M", "pid": 1, "tid": 1, "name": "process_name", "args": {"name": "tinygrad_ckpt"}}]
+        for span in self.spans:
+            trace.append({"ph": "X", "pid": 1, "tid": 1, "name": span["name"], "cat": "phase",
+                          "ts": span["t0"] * 1e6, "dur": (span["t1"] - span["t0"]) * 1e6, "args": {}})
         for op in self.ops:
             trace.append({"ph": "X", "pid": 1, "tid": 1, "name": op["name"], "cat": op["phase"],
-                          "ts": op["t0"] * 1e6, "dur": max((op["t1"] - op["t0"]) * 1e6, 0.001),
+                          "ts": op["t0"] * 1e6, "dur": (op["t1"] - op["t0"]) * 1e6,
                           "args": {"op": op["op"], "flops": op["flops"], "step": op["step"]}})
         tl = self.timeline()
         for i, ev in enumerate(self.events):

@@ -65,6 +65,13 @@ def phase(name: str):
         observer.end_phase(name)
 
 
+def op_start() -> None:
+    """Tell this thread's observer (if any) that an op begins (one that records itself later: a checkpoint)."""
+    observer = state.local.observer
+    if observer is not None:
+        observer.on_op_start()
+
+
 def alloc(array, category: str, name: str) -> None:
     """Tell this thread's observer (if any) that the engine now holds `array`."""
     observer = state.local.observer
