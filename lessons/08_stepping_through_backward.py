@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import inspect
-import os
 import time
 
 import _common as C
@@ -50,6 +49,39 @@ def replay_line() -> tuple[str, int]:
         if "replay.run(" in line:
             return path, start + i + 1
     return path, start
+
+
+def pdb_recipes(line: int) -> dict[str, list[tuple[str, str, str]]]:
+    """The pdb sessions section 3 prints, per --break pattern: (command, what it shows, a regular expression
+    its output matches at --quick sizes). tests/test_pdb_recipes.py types them exactly as printed."""
+    return {
+        "softmax": [
+            ("w", "where: inside Checkpoint.call_backward, block 1's softmax is REPLAYED", r"call_backward"),
+            ("p entry", "the tape entry: op, scoped name, shapes, what it saved",
+             r"transformer\.h\.1\.attn\.softmax \[softmax\]"),
+            ("p entry.ctx", "what it kept for backward: its output only", r"saved=\{out: \[2, 2, 8, 8\] float32\}"),
+            ("p [g.shape for g in grad_outs]", "the gradient arriving from the op above", r"\[\(2, 2, 8, 8\)\]"),
+            ("p observer.live_bytes('activation')", "the ledger (this thread's observer), counted now", r"^\d+"),
+            ("n", "run this entry's backward (grad_ins = entry.fn.call_backward(...))", r"del grad_outs"),
+            ("p [g.shape for g in grad_ins]", "what it returned: one gradient per input", r"\[\(2, 2, 8, 8\)\]"),
+            ("c", "on to block 0's softmax, on the main tape", r"stopping before the backward of transformer\.h\.0"),
+            ("p entry.name", "", r"'transformer\.h\.0\.attn\.softmax'"),
+            ("c", "run to the end of the lesson", r"wrote "),
+        ],
+        "checkpoint": [
+            ("p entry", "the checkpoint entry: it holds block 1", r"transformer\.h\.1\.checkpoint \[checkpoint\]"),
+            ("p entry.ctx.saved.keys()", "what it kept: only the block's input", r"dict_keys\(\['input0'\]\)"),
+            ("p entry.ctx.replay", "how backward will run block 1 again",
+             r"<replay of transformer\.h\.1: 1 argument\(s\), its RNG state>"),
+            ("s", "step into Checkpoint.call_backward", r"--Call--"),
+            (f"b {line}", "a breakpoint just after the replay", rf"Breakpoint 1 at .*checkpoint\.py:{line}"),
+            ("c", "the replay runs: its ops are the ledger's phase 'recompute'", r"call_backward\(\)"),
+            ("p outputs[0].tape()", "the replayed graph: block 1's entries, each saving again",
+             r"Tape with \d+ entries"),
+            ("p [e.phase for e in state.local.observer.events[-3:]]", "the ledger's latest events", r"'recompute'"),
+            ("c", "run to the end of the lesson", r"wrote "),
+        ],
+    }
 
 
 def drive(model, batch, led) -> tuple[list[dict], dict]:
@@ -190,38 +222,13 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
 
     C.heading("3. The same in pdb")
     path, line = replay_line()
-    print("python -m pdb lessons/08_stepping_through_backward.py --quick --break softmax")
-    commands = [
-        ("c", "run: pdb stops before the first softmax entry's backward"),
-        ("w", "where: the first stop is block 1's softmax, REPLAYED inside Checkpoint.call_backward"),
-        ("p entry", "the tape entry, one line (index, op, scoped name, shapes, saves)"),
-        ("p entry.ctx.saved.keys()", "dict_keys(['out']): softmax keeps its output, nothing else"),
-        ("p entry.ctx.saved['out'].shape", "[B, H, T, T]"),
-        ("p [g.shape for g in grad_outs]", "the gradient arriving from the op above"),
-        ("p led.live_bytes('activation')", "the active ledger, as counted right now"),
-        ("n", "next line: runs grad_ins = entry.fn.call_backward(entry.ctx, grad_outs)"),
-        ("p [None if g is None else g.shape for g in grad_ins]", "what the backward returned"),
-        ("c", "continue: the next stop is h.0.attn.softmax, on the main tape (w shows no Checkpoint)"),
-        ("c", "run to the end (python -m pdb then restarts the script: q quits)"),
-    ]
-    for cmd, what in commands:
-        print(f"  (Pdb) {cmd:<52} # {what}")
-    print("python -m pdb lessons/08_stepping_through_backward.py --quick --break checkpoint")
-    commands = [
-        ("c", "stops before the checkpoint entry's backward"),
-        ("p entry.ctx.saved.keys()", "dict_keys(['input0']): only the block's input"),
-        ("s", "step into Checkpoint.call_backward (pdb shows --Call--)"),
-        (f"b {line}", f"a breakpoint in this file ({os.path.basename(path)}) just after the replay"),
-        ("c", "the replay runs: its ops show in the ledger as phase 'recompute'"),
-        ("p outputs[0].tape()", "the replayed graph: block 1's entries, with what each saved again"),
-        ("p led.live_bytes('activation')", "higher than before the step: the replay's saves"),
-        ("p [e.phase for e in led.events[-5:]]", "the latest ledger events"),
-        ("c", "continue to the end"),
-    ]
-    for cmd, what in commands:
-        print(f"  (Pdb) {cmd:<52} # {what}")
-    print("Without pdb: TINYGRAD_CKPT_BREAK=softmax python your_script.py, or tg.debug.break_before('h.0.attn') in "
-          "code;\na pattern matches an entry's op kind or any part of its scoped name.")
+    for pattern, recipe in pdb_recipes(line).items():
+        print(f"python lessons/{SLUG}.py --quick --break {pattern}")
+        for cmd, what, _ in recipe:
+            print(f"  (Pdb) {cmd:<52} # {what}")
+    print("q at any stop ends the program. Without this lesson: tg.debug.break_before('softmax') in code, or "
+          "TINYGRAD_CKPT_BREAK=softmax\nin the environment; a pattern is an op kind or whole dotted parts of a "
+          "scoped name ('transformer.h.1.attn', not 'h.1' for h.10).")
 
     fig_path = C.fig_path(out, f"{SLUG}.png")
     figure(steps, led, fig_path, cfg)
@@ -253,8 +260,9 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small sizes (the same here)")
-    parser.add_argument("--out", default="figures", help="folder for the figure (default: figures)")
+    parser.add_argument("--out", default=None, help="folder for the figure (default: figures/, or a scratch "
+                                                    "folder with --quick)")
     parser.add_argument("--break", dest="break_at", default=None, metavar="PATTERN",
                         help="open pdb before the backward of entries matching PATTERN (e.g. softmax, checkpoint)")
     args = parser.parse_args()
-    main(quick=args.quick, out=args.out, break_at=args.break_at)
+    main(quick=args.quick, out=C.output_folder(args.out, args.quick), break_at=args.break_at)

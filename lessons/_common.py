@@ -18,10 +18,11 @@ import numpy as np  # noqa: E402
 
 import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import nn, optim  # noqa: E402
+from tinygrad_ckpt.figures import output_folder  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
-__all__ = ["cli", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step", "heading", "table", "fig_path",
-           "format_bytes"]
+__all__ = ["cli", "output_folder", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step", "heading",
+           "table", "fig_path", "format_bytes"]
 
 
 def cli(main, doc: str | None = None) -> None:
@@ -29,9 +30,10 @@ def cli(main, doc: str | None = None) -> None:
     first_line = (doc or "").strip().splitlines()[0] if doc else None
     parser = argparse.ArgumentParser(description=first_line)
     parser.add_argument("--quick", action="store_true", help="small sizes: runs in seconds")
-    parser.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
+    parser.add_argument("--out", default=None, help="folder for the figures (default: figures/; with --quick a "
+                                                    "scratch folder, never figures/)")
     args = parser.parse_args()
-    main(quick=args.quick, out=args.out)
+    main(quick=args.quick, out=output_folder(args.out, args.quick))
 
 
 def fresh() -> None:

@@ -205,7 +205,8 @@ def _parser() -> argparse.ArgumentParser:
                          description="Run the lessons and write their figures.")
     fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
     fig.add_argument("--only", metavar="NN", help="only this lesson's figure (e.g. 03)")
-    fig.add_argument("--out", metavar="DIR", help="directory to write the figures to")
+    fig.add_argument("--out", metavar="DIR", help="directory to write the figures to (default: figures/; with "
+                                                  "--quick a scratch folder, never figures/)")
     e = sub.add_parser(
         "estimate", help="measure one training step of a GPT of any size on the meta backend",
         description="Build a GPT on the shape-only meta backend, run forward, backward and an optimizer step "

@@ -2,9 +2,11 @@
 
     tg.debug.break_before("softmax")      # or TINYGRAD_CKPT_BREAK=softmax in the environment
     loss.backward()                       # pdb opens inside tape.backward_steps; try `p entry`,
-                                          # `p entry.ctx`, `p [g.shape for g in grad_outs]`
+                                          # `p entry.ctx`, `p [g.shape for g in grad_outs]`, `n`
 
-A pattern matches an entry's op kind ("softmax") or any part of its scoped name ("h.3.attn").
+A pattern matches an entry's op kind ("softmax") or whole dotted parts of its scoped name ("attn",
+"h.3.attn"; "h.1" is not "h.10"). A pattern that has not matched by the end of a backward pass is
+reported once, with the closest names it could have meant. `q` at a stop ends the program quietly.
 
 `detect_anomaly()` also fingerprints every saved array when it is saved and checks it again before
 backward reads it, which catches a change made behind the engine's back (`tensor.data[...] = ...`).
@@ -12,8 +14,11 @@ backward reads it, which catches a change made behind the engine's back (`tensor
 
 from __future__ import annotations
 
+import difflib
 import math
+import pdb
 import sys
+import warnings
 import zlib
 
 from . import backend, state
@@ -26,24 +31,62 @@ def break_before(*patterns: str) -> None:
 
 def clear_breakpoints() -> None:
     state.breakpoints.clear()
+    _fired.clear()
+    _seen.clear()
+
+
+_fired: set[str] = set()  # patterns that stopped a backward at least once (or were reported as never)
+_seen: set[str] = set()  # op kinds and names backward went through while patterns were set
 
 
 def matches(op: str, name: str, pattern: str) -> bool:
-    """Does `pattern` name this op: its kind ("softmax"), its scoped name, a part of it ("attn"), or a dotted
-    piece of it ("h.3.attn")?"""
-    return pattern == op or pattern == name or pattern in name.split(".") or ("." in pattern and pattern in name)
+    """Does `pattern` name this op: its kind ("softmax") or a run of whole dotted parts of its scoped name
+    ("attn", "h.3.attn", the whole name), so that "h.1" names h.1's ops and not h.10's?"""
+    if pattern == op:
+        return True
+    parts, wanted = name.split("."), pattern.split(".")
+    n = len(wanted)
+    return any(parts[i:i + n] == wanted for i in range(len(parts) - n + 1))
 
 
 def should_break(entry) -> bool:
-    return any(matches(entry.op, entry.name, p) for p in state.breakpoints)
+    hits = [p for p in state.breakpoints if matches(entry.op, entry.name, p)]
+    _fired.update(hits)
+    _seen.update((entry.op, entry.name))
+    return bool(hits)
+
+
+def report_unfired() -> None:
+    """At the end of a backward pass: warn once about each pattern that has stopped nothing yet."""
+    for pattern in [p for p in state.breakpoints if p not in _fired]:
+        parts = {".".join(name.split(".")[i:j]) for name in _seen
+                 for i in range(name.count(".") + 1) for j in range(i + 1, name.count(".") + 2)}
+        parts = {p for p in parts if not p[:1].isdigit()}
+        close = difflib.get_close_matches(pattern, sorted(parts), n=4, cutoff=0.5)
+        hint = f"; the closest names backward went through: {', '.join(close)}" if close else ""
+        warnings.warn(f"break_before({pattern!r}) matched no tape entry in this backward pass{hint}. A pattern is "
+                      "an op kind (softmax) or whole dotted parts of a scoped name (transformer.h.1.attn).",
+                      stacklevel=5)  # the caller of loss.backward()
+        _fired.add(pattern)
+
+
+class _QuietPdb(pdb.Pdb):
+    """pdb, except that `q` at a stop ends the program without a BdbQuit traceback."""
+
+    def do_quit(self, arg):
+        self.set_quit()
+        raise SystemExit(0)
+
+    do_q = do_exit = do_quit
 
 
 def enter_debugger(entry) -> None:
-    """Stop in the backward loop's frame, where `entry`, `grad_outs` and the tape are in scope."""
-    import pdb
-
+    """Stop in the backward loop's frame, where `entry`, `grad_outs` and the tape are in scope. Under
+    `python -m pdb` the running session stops there (its `q` and `c` work as usual); else a new one."""
     print(f"tinygrad_ckpt: stopping before the backward of {entry!r}", file=sys.stdout)
-    pdb.Pdb().set_trace(sys._getframe(1))
+    running = getattr(sys.gettrace(), "__self__", None)
+    debugger = running if isinstance(running, pdb.Pdb) else _QuietPdb()
+    debugger.set_trace(sys._getframe(1))
 
 
 def detect_anomaly():

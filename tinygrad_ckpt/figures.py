@@ -16,9 +16,18 @@ import contextlib
 import importlib.util
 import io
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
+
+
+def output_folder(out=None, quick: bool = False) -> str:
+    """Where the figures go: `out` when given; else figures/ at full size, and a scratch folder for quick
+    runs, so that a quick pass never replaces the committed full-size figures."""
+    if out is not None:
+        return str(out)
+    return str(Path(tempfile.gettempdir()) / "tinygrad_ckpt-quick-figures") if quick else "figures"
 
 
 def lessons_dir() -> Path:
@@ -106,16 +115,16 @@ class _Ticker:
             self.stream.write("\r")
 
 
-def run(quick: bool = False, only=None, out="figures", verbose: bool = False) -> dict:
+def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict:
     """Run each selected lesson's main(quick=quick, out=out); write all figures under `out`.
 
     only: None (all), a lesson number ("01", "1", 3) or several (a list, or "1,3"); out: None means
-    "figures"; an unknown lesson number raises ValueError before anything runs. verbose: show
+    `output_folder(None, quick)`; an unknown lesson number raises ValueError before anything runs. verbose: show
     the lessons' narratives (otherwise only the progress lines). Returns {lesson stem: {"seconds",
     "figures", "result"}}; a lesson that fails stops the run, its output printed, its error raised.
     """
     paths = select(only)
-    out = "figures" if out is None else str(out)
+    out = output_folder(out, quick)
     Path(out).mkdir(parents=True, exist_ok=True)
     stream = sys.stdout
     mode = "quick" if quick else "full"
@@ -154,7 +163,8 @@ def main(argv=None) -> int:
                                      description="Run the lessons and write their figures.")
     parser.add_argument("--quick", action="store_true", help="small sizes: seconds instead of minutes")
     parser.add_argument("--only", nargs="+", metavar="NN", help="lesson numbers to run (e.g. 01 3)")
-    parser.add_argument("--out", default="figures", help="folder for the figures (default: figures)")
+    parser.add_argument("--out", default=None, help="folder for the figures (default: figures/; with --quick a "
+                                                    "scratch folder)")
     parser.add_argument("--verbose", "-v", action="store_true", help="print each lesson's narrative")
     args = parser.parse_args(argv)
     try:

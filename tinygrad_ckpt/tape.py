@@ -206,6 +206,8 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
                 observer.on_backward_done(entry, grad_ins)
             store.add_all(entry.inputs, grad_ins)
             grad_ins = None  # drop our references now, so consumed gradients free at once
+    if state.breakpoints and capture is None:
+        debug.report_unfired()
     return store.captured
 
 
