@@ -5,8 +5,11 @@ buffer counted by the ledger into parameters, optimizer states, gradients and ac
 arrays the tape saves for backward), plus "other" (inputs, outputs, temporaries). The step is run
 for growing batch sizes and sequence lengths: the training state (parameters, gradients, AdamW's
 two moments: 16 bytes per parameter in float32) stays put while activations grow with B and
-faster than linearly with T, until they are most of the peak. This is the seed's claim "for large
-batch sizes or long sequences, activations dominate", measured.
+faster than linearly with T, until they are most of the peak.
+
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): training memory splits into parameters, optimizer states, gradients and activations, and
+once batches are large or sequences long, the activations are the biggest of the four.
 
 Read: tinygrad_ckpt/ledger.py (how buffers are counted, categories, the timeline),
 tinygrad_ckpt/optim.py (AdamW's m and v, allocated on the first step), tinygrad_ckpt/nn.py (GPT),
@@ -53,10 +56,20 @@ def measure(cfg: dict, batch: int, seq_len: int) -> dict:
     return dict(
         label=f"B={batch}, T={seq_len}", batch=batch, seq_len=seq_len, loss=loss, led=led,
         at_peak={c: int(tl[c][i]) for c in CATEGORIES}, peak=int(tl["total"][i]), peak_phase=str(tl["phase"][i]),
+        peak_moment=moment(led, int(tl["step"][i]), str(tl["phase"][i])),
         peaks={c: led.peak_bytes(c) for c in CATEGORIES},
         n_params=estimate.gpt_parameter_count(shape),
         block_activation_estimate=cfg["n_layer"] * estimate.engine_activation_bytes_per_layer(shape),
     )
+
+
+def moment(led, step: int, phase: str) -> str:
+    """Where in the step a peak falls: "start of backward", "40% into backward", "end of backward", ..."""
+    if phase != "backward":
+        return phase
+    start, end = next((a, b) for a, b in led.backward_passes() if a - 1 <= step <= b)
+    done = (step - start + 1) / (end - start + 1)
+    return "start of backward" if done < 0.05 else "end of backward" if done > 0.95 else f"{done:.0%} into backward"
 
 
 def split_figure(batch_runs, seq_runs, path) -> None:
@@ -111,6 +124,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     t0 = time.perf_counter()
     cfg = sizes(quick)
     print("Lesson 1: where training memory goes")
+    C.claim(__doc__)
     print(f"A GPT with {cfg['n_layer']} layers, d_model {cfg['d_model']}, {cfg['n_head']} heads, vocabulary "
           f"{cfg['vocab']}, float32, trained with AdamW. Each configuration runs one warm-up step (AdamW\n"
           "allocates its moments on the first step), then one steady-state step under tg.Ledger():\n"
@@ -140,9 +154,14 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         a = r["at_peak"]
         rows.append((r["label"], *(C.format_bytes(a[c]) for c in ("parameter", "optimizer", "gradient",
                                                                    "activation", "other")),
-                     C.format_bytes(r["peak"]), r["peak_phase"], f"{a['activation'] / r['peak']:.0%}"))
-    print(C.table(rows, ["config", "params", "AdamW", "grads", "activations", "other", "peak", "during",
+                     C.format_bytes(r["peak"]), r["peak_moment"], f"{a['activation'] / r['peak']:.0%}"))
+    print(C.table(rows, ["config", "params", "AdamW", "grads", "activations", "other", "peak", "when",
                          "act. share"]))
+    print("\nThe peak moves. With little data it is the END of backward: every activation is freed by then and\n"
+          "every gradient alive (the tied wte/lm_head weight briefly twice, while its two gradients are summed),\n"
+          "so activations show 0 B there. With more data it comes EARLY in backward, when the activations are\n"
+          "still alive and few gradients exist (the logits' first): the grads column is what is alive at that moment,\n"
+          f"not the gradients' own peak ({C.format_bytes(first['peaks']['gradient'])} in every configuration).")
 
     C.heading("Activations as B and T grow (peak of the activation category)")
     for runs, key in ((batch_runs, "batch"), (seq_runs, "seq_len")):
@@ -176,8 +195,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"\nwrote {split_path}\nwrote {timeline_path}  ({time.perf_counter() - t0:.1f} s)")
 
     def pack(r):
-        return {k: r[k] for k in ("label", "batch", "seq_len", "at_peak", "peak", "peak_phase", "peaks",
-                                  "block_activation_estimate")}
+        return {k: r[k] for k in ("label", "batch", "seq_len", "at_peak", "peak", "peak_phase", "peak_moment",
+                                  "peaks", "block_activation_estimate")}
 
     return dict(
         n_params=P,
@@ -192,6 +211,15 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         smallest_state_share=state(small) / small["peak"],
         figures=[split_path, timeline_path],
     )
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    small, large = r["smallest"], r["largest"]
+    return [f"training state: {C.format_bytes(r['param_bytes'] + r['optimizer_bytes'])} for {r['n_params']:,} "
+            "parameters (4 B + 8 B AdamW each), whatever B and T",
+            f"{small['label']}: activations {small['at_peak']['activation'] / small['peak']:.0%} of the peak; "
+            f"{large['label']}: {r['largest_activation_share']:.0%} of a {C.format_bytes(large['peak'])} peak"]
 
 
 if __name__ == "__main__":

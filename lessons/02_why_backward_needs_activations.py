@@ -4,7 +4,12 @@ What you will see: the chain rule at one node (dL/dx = dL/dy · f'(x)) checked a
 two inputs that GELU maps to the same output but whose derivatives differ, so gelu(x) alone cannot
 drive backward and GELU must keep x; softmax keeping its output (the tape entry, its saved bytes,
 and that it is the output array itself); layer norm keeping its statistics (x̂ and 1/std, not the
-mean and variance the seed names), read from the tape.
+mean and variance the chapter names), read from the tape.
+
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): backward needs the forward's values, because dL/dx = dL/df(x) · f'(x) and f'(x) depends on x
+itself; GELU's x cannot be recovered from gelu(x), softmax's gradient needs its output, and layer
+norm needs its statistics.
 
 Read: tinygrad_ckpt/ops/nn.py (GELU, Softmax, LayerNorm: what each saves and why),
 tinygrad_ckpt/function.py (ctx.save), tinygrad_ckpt/tape.py (TapeEntry, backward_steps).
@@ -197,6 +202,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     tg.manual_seed(0)
     rng = np.random.default_rng(0)
     print("Lesson 2: why backward needs activations")
+    C.claim(__doc__)
     result = {}
     result.update(chain_rule(rng))
     result.update(non_invertible(out))
@@ -205,6 +211,14 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     result["figures"] = [result.pop("figure")]
     print(f"\n({time.perf_counter() - t0:.1f} s)")
     return result
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    return [f"gelu({r['x1']:.3f}) = gelu({r['x2']:.3f}) = {r['target']}, but gelu' = {r['dgelu_x1']:.3f} vs "
+            f"{r['dgelu_x2']:.3f}: backward needs x, not gelu(x)",
+            f"softmax keeps its output ({r['softmax_saved_bytes']} B, the output array itself); layer norm keeps "
+            f"x̂ and 1/std ({r['layernorm_activation_bytes']} B)"]
 
 
 if __name__ == "__main__":

@@ -8,6 +8,12 @@ Then the T² attention term: per-layer saved bytes measured as the sequence grow
 setting (16-bit values, dropout 0.1), against the seed's linear formula and Korthikanti's curve.
 Last, the seed's own arithmetic: 32 × 12 × 4 × 2048 × 4096 × 2 bytes is 25.8 GB, not 64 GB.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): one transformer layer keeps about 12·B·T·d values for backward ("the factor of 12"),
+and 32 such layers at B=4, T=2048, d=4096 in float16 come to "≈ 64 GB" of activations; the chapter
+also says the attention weights grow with T², which a linear formula cannot hold. Measured here: what
+a block really keeps, the T² term, and the arithmetic.
+
 Read: tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms,
 seed_activation_bytes_per_layer, seed_activation_example), tinygrad_ckpt/nn.py (Block,
 CausalSelfAttention, MLP), tinygrad_ckpt/functional.py (scaled_dot_product_attention),
@@ -123,12 +129,12 @@ def print_inventory(m: dict) -> None:
     for i, b in enumerate(m["inventory"]):
         term = b["term"] or "(none)"
         est = m["terms"].get(b["term"]) if b["term"] else None
-        ok = "=" if est == b["nbytes"] else f"+{b['nbytes']} B"
+        ok = "yes" if est == b["nbytes"] else f"+{b['nbytes']} B"
         rows.append((i + 1, b["name"], ", ".join(s.split(".")[-1] for s in b["also"]) or "",
                      str(list(b["shape"])), b["dtype"], f"{b['nbytes']:,}", term,
                      f"{est:,}" if est is not None else "-", ok))
     print(C.table(rows, ["#", "saved by (first saver)", "also read by", "buffer shape", "dtype", "bytes",
-                         "estimate term", "term bytes", ""],
+                         "estimate term", "term bytes", "agrees"],
                   [">", "<", "<", "<", "<", ">", "<", ">", "<"]))
     missing = [k for k in m["terms"] if k not in {b["term"] for b in m["inventory"]}]
     if missing:
@@ -139,6 +145,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     t0 = time.perf_counter()
     cfg = sizes(quick)
     print("Lesson 3: the factor of 12")
+    C.claim(__doc__)
     result: dict = {}
 
     # ---------------------------------------------------------------- the inventory
@@ -150,8 +157,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print_inventory(m)
     print(f"\nmeasured: {m['measured']:,} B (ledger, activation category: {m['ledger_total']:,} B)")
     diff = m["measured"] - m["engine"]
-    print(f"estimate.engine_activation_bytes_per_layer: {m['engine']:,} B; difference {diff:+,} B"
-          f" = the 0-d scale 1/√hd that attn.mul saves as an array ({m['scalar_bytes']} B; not an estimate term)")
+    scale = (f" (the scale 1/√hd, which the attention's multiply saves as a 0-d array of {m['scalar_bytes']} B)"
+             if m["scalar_bytes"] else " (every saved byte is one of its terms)")
+    print(f"estimate.engine_activation_bytes_per_layer: {m['engine']:,} B; measured - estimate = {diff:,} B{scale}")
     print("q, k and v are three views of ONE c_attn output buffer [B, T, 3d]: saved three times, counted once;"
           "\nthe second matmul's A is the softmax output itself (no dropout), also counted once.")
 
@@ -212,12 +220,13 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         rows.append((Ts, f"{ms['measured']:,}", f"{ms['engine']:,}", f"{k:,}", f"{extra:+,}",
                      "yes" if extra == named else "NO", f"{sd:,}", f"{ms['measured'] / sd:.2f}×",
                      f"{ms['measured'] / (Bs * Ts * ds * 2):.1f}"))
-    print(C.table(rows, ["T", "measured", "engine", "[K22]", "meas.-[K22]", "=4BT+T²+2", "seed", "meas./seed",
+    print(C.table(rows, ["T", "measured", "engine", "[K22]", "meas.-[K22]", "= extras?", "seed", "meas./seed",
                          "factor"]))
     print("(bytes; engine = estimate.engine_activation_bytes_per_layer, [K22] = sbh(34 + 5as/h), seed = "
           "12·B·T·d·2)")
-    print("measured - [K22] is exactly the engine's extras: two 1/std vectors (2·B·T·2 B), the bool causal mask "
-          "(T² B)\nand the 2-byte scale. 'factor' is measured / (B·T·d·2): the seed's 12 would be a constant; "
+    print("'= extras?': measured - [K22] is exactly the engine's extras, 4·B·T + T² + 2 bytes: two 1/std vectors "
+          "(2·B·T values,\n2 B each), the bool causal mask (T² B) and the 2-byte scale. 'factor' is measured / "
+          "(B·T·d·2): the seed's 12 would be a constant; "
           f"it grows with T\nbecause of the [B, H, T, T] terms (5as/h in [K22]: they pass the 34 at T = 34h/5a = "
           f"{34 * ds / (5 * Hs):.0f}).")
     ratios = [(b2["measured"] / b1["measured"], b2["seq_len"] / b1["seq_len"]) for b1, b2 in zip(sweep, sweep[1:])]
@@ -288,6 +297,19 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"\nwrote {path1}\nwrote {path2}  ({time.perf_counter() - t0:.1f} s)")
     result["figures"] = [path1, path2]
     return result
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    b = r["block_config"]
+    e = b["batch"] * b["seq_len"] * b["d_model"] * 4
+    last = r["sweep"][-1]
+    ex = r["seed_example"]
+    return [f"one block keeps {r['measured_per_layer'] / e:.1f}·B·T·d values (float32, T={b['seq_len']}), not 12; "
+            f"at T={last['seq_len']} (float16) "
+            f"{last['measured'] / (last['seq_len'] * r['sweep_config']['d_model'] * 2):.0f}",
+            f"the chapter's 32 × 12 × 4 × 2048 × 4096 × 2 B is {ex['seed_formula'] / 1e9:.1f} GB, not the printed "
+            f"{ex['seed_printed'] / 1e9:.0f} GB; with the T² term {ex['korthikanti_none'] / 1e9:.1f} GB"]
 
 
 if __name__ == "__main__":

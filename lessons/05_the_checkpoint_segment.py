@@ -9,6 +9,11 @@ costs one extra forward of the blocks, to the FLOP. Then what goes wrong without
 preserve_rng_state=False the replay draws new dropout masks; the replay check raises CheckpointError
 naming the dropout op, and with determinism_check="none" the gradient is silently wrong.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): the idle activations can be dropped and "recomputed on demand", turning idle
+memory into compute work. Measured here: what one checkpoint segment frees, what its replay costs,
+and that the gradients do not change at all.
+
 Read: tinygrad_ckpt/checkpoint.py (checkpoint, Segment._forward_op, Checkpoint.call_backward, Replay.run,
 compare), tinygrad_ckpt/function.py (Function.apply: the segment hook), tinygrad_ckpt/tape.py
 (backward_steps), tinygrad_ckpt/ledger.py (phase "recompute", action "recomputed"),
@@ -133,6 +138,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     batch = C.token_batch(cfg["vocab"], cfg["batch"], cfg["seq_len"], seed=1)
     B, T, d, L = cfg["batch"], cfg["seq_len"], cfg["d_model"], cfg["n_layer"]
     print("Lesson 5: the checkpoint segment")
+    C.claim(__doc__)
     print(f"A GPT with {L} layers, d_model {d}, {cfg['n_head']} heads, dropout {cfg['dropout']}, batch B={B}, "
           f"T={T}, float32.\nOne forward + backward under tg.Ledger(), without and with tg.checkpoint around "
           f"every block;\nthe engine RNG is reset to {DROPOUT_SEED} before each forward, so both draw the same "
@@ -261,6 +267,15 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         figures=[timeline_path, flops_path],
         seconds=elapsed,
     )
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    return [f"activation peak {C.format_bytes(r['activation_peak_plain'])} -> "
+            f"{C.format_bytes(r['activation_peak_checkpointed'])} with every block checkpointed, for "
+            f"{r['recompute_ratio']:.2f} extra forward of the blocks",
+            f"all {r['n_gradients']} gradients bitwise equal: {r['identical_gradients']}; without the RNG state the "
+            f"replay check names {r['rng_error_op']}"]
 
 
 if __name__ == "__main__":

@@ -11,6 +11,11 @@ predicts every measured activation peak and recompute count. The planner (plan_c
 the least-recompute plan for three budgets, run through GPT(checkpoint=plan). Last, the frontier:
 recompute FLOPs against peak activation memory for every policy.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): recomputing on demand trades memory for compute. Measured here: how much memory
+each extra FLOP buys, as the number of checkpointed segments and the plan vary (Chen et al.'s √n rule,
+nesting, and an optimal planner).
+
 Read: tinygrad_ckpt/planner.py (LayerCost, simulate, plan_chain, sequential_plan, recursive_plan),
 tinygrad_ckpt/checkpoint.py (run_plan, run_checkpointed), tinygrad_ckpt/estimate.py (chen_optimal_segments).
 
@@ -264,6 +269,7 @@ def _main(quick: bool, out: str) -> dict:
     n = cfg["n_layer"]
     batch = C.token_batch(cfg["vocab"], cfg["batch"], cfg["seq_len"], seed=1)
     print("Lesson 6: √n and beyond")
+    C.claim(__doc__)
     print(f"A GPT with n = {n} blocks, d_model {cfg['d_model']}, {cfg['n_head']} heads, B={cfg['batch']}, "
           f"T={cfg['seq_len']}, float32, no dropout; one forward + backward per configuration, under tg.Ledger().")
 
@@ -461,6 +467,15 @@ def _main(quick: bool, out: str) -> dict:
     print(f"\nwrote {sweep_path}\nwrote {frontier_path}  ({elapsed:.1f} s)")
     res.update(figures=[sweep_path, frontier_path], seconds=elapsed)
     return res
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    return [f"a block keeps a = {r['a_over_b']:.1f}× its input b, so the best k is {r['best_k']} of "
+            f"{r['n_layer']} (√(n·a/b) = {r['k_star']:.1f}), not √n; the tanh chain (a = b): k = "
+            f"{', '.join(map(str, r['chain_best_ks']))}",
+            "the chain model's predictions against the measured peaks: largest error "
+            f"{r['max_peak_prediction_error']:.1%}"]
 
 
 if __name__ == "__main__":

@@ -10,6 +10,11 @@ checkpointing. Last, the attention core (scores, mask, softmax) that Korthikanti
 recompute: its [B, H, T, T] arrays grow with T², so its share of a block's memory (their 5as/h term)
 grows with the sequence length while its FLOPs stay a small fraction of the block's.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): the activations are not alike: "the attention weights alone contribute a tensor
+proportional to T²", and every nonlinear op keeps its own dependency. Measured here: which saves are
+big and cheap to recompute, which are small and costly, and what a per-op policy buys.
+
 Read: tinygrad_ckpt/checkpoint.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, Segment._keep
 and _replay_op, Kept), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
 tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms).
@@ -282,6 +287,7 @@ def _main(quick: bool, out: str) -> dict:
     cfg = sz["gpt"]
     L = cfg["n_layer"]
     print("Lesson 7: selective recomputation")
+    C.claim(__doc__)
     print(f"A GPT with {L} layers, d_model {cfg['d_model']}, {cfg['n_head']} heads, B={cfg['batch']}, "
           f"T={cfg['seq_len']}, float32, no dropout.")
 
@@ -415,6 +421,13 @@ def _main(quick: bool, out: str) -> dict:
     print(f"\nwrote {ops_path}\nwrote {policies_path}  ({elapsed:.1f} s)")
     res.update(figures=[ops_path, policies_path], seconds=elapsed)
     return res
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    return [f"{' and '.join(r['quadrant'])} keep {r['quadrant_bytes_share']:.0%} of a block's bytes for "
+            f"{r['quadrant_flops_share']:.0%} of its FLOPs",
+            "recompute FLOPs per block: " + ", ".join(f"{k} {v:,}" for k, v in r["replayed"].items())]
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ after. Plain entries free their saves as they go; the one `checkpoint` entry fir
 rise inside that step before they fall. Then the exact pdb commands to watch the same thing
 interactively, with `tg.debug.break_before("softmax")` or `--break checkpoint`.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): "every intermediate tensor produced during the forward pass gets retained in
+memory until its gradient has been computed", as backward walks the graph in reverse. Watched here one
+tape entry at a time, including a checkpoint entry that recomputes before it can free.
+
 Read: tinygrad_ckpt/tape.py (backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
 (break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.call_backward: the replay into a private graph).
 
@@ -167,6 +172,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     t0 = time.perf_counter()
     cfg = sizes(quick)
     print("Lesson 8: stepping through backward")
+    C.claim(__doc__)
     print(f"A GPT with {cfg['n_layer']} blocks (d_model {cfg['d_model']}, {cfg['n_head']} heads, B={cfg['batch']}, "
           f"T={cfg['seq_len']}), run with a planner Plan: block 0 plain, block 1 checkpointed.")
     plan = Plan([Segment(0, 1), Segment(1, 2, checkpoint=True)])
@@ -255,6 +261,14 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
         figures=[fig_path],
         seconds=elapsed,
     )
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    return [f"{r['n_steps']} backward steps; the checkpoint step replays {r['checkpoint_recompute_ops']} ops, "
+            f"activations {C.format_bytes(r['checkpoint_before'])} -> {C.format_bytes(r['checkpoint_inside_peak'])}"
+            f" -> {C.format_bytes(r['checkpoint_after'])} inside it",
+            f"pdb: python lessons/{SLUG}.py --quick --break softmax (recipes printed by the lesson)"]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,11 @@ does-not-fit verdict at 40 GB and 80 GB. With float32 Adam states nothing fits 8
 removes the activations, and what is left is the optimizer. The lesson then measures what does fit:
 AdamW states in float16, plain SGD, and a smaller batch.
 
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): for a 7B model (32 layers, d=4096, T=2048, B=4, float16), "64 GB just for
+activations", 14 GB of parameters and 56 GB of Adam states: it "simply cannot fit in a single 80 GB
+A100" without intervention. Measured here, at that size, on the shape-only backend.
+
 Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/measure.py (SteadyStep: the one
 measured training step, also behind `tinygrad-ckpt estimate`), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
 the same measurement as a command), tinygrad_ckpt/estimate.py (seed_activation_example,
@@ -322,6 +327,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     B, T, d, H, L, v = shape.batch, shape.seq_len, shape.d_model, shape.n_head, shape.n_layer, shape.value_bytes
     E = B * T * d
     print("Lesson 9: the seed at full scale")
+    C.claim(__doc__)
     print(f"The seed's example: {L} layers, d = {d}, T = {T}, B = {B}, float16"
           + (" (--quick: 4 of its 32 layers, everything else as the seed)." if quick else "."))
     print(f"The seed names neither the number of heads nor the vocabulary: this lesson uses {H} heads (head dim "
@@ -606,6 +612,15 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         figures=[per_layer_path, timeline_path, plans_path],
         seconds=elapsed,
     )
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    c = r["config"]
+    return [f"{c['n_layer']} layers at d={c['d_model']}, T={c['seq_len']}, B={c['batch']}: one block keeps "
+            f"{C.format_bytes(r['measured_layer_bytes'])} (the chapter's 12·B·T·d: "
+            f"{C.format_bytes(r['seed_layer_bytes'])})",
+            f"least-memory peak with float32 AdamW states: {r['least_memory_peaks']['adamw_fp32'] / 1e9:.1f} GB"]
 
 
 if __name__ == "__main__":

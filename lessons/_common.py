@@ -21,8 +21,8 @@ from tinygrad_ckpt import nn, optim  # noqa: E402
 from tinygrad_ckpt.figures import output_folder  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
-__all__ = ["cli", "output_folder", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step", "heading",
-           "table", "fig_path", "format_bytes"]
+__all__ = ["cli", "claim", "output_folder", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step",
+           "heading", "table", "fig_path", "format_bytes"]
 
 
 def cli(main, doc: str | None = None) -> None:
@@ -34,6 +34,12 @@ def cli(main, doc: str | None = None) -> None:
                                                     "scratch folder, never figures/)")
     args = parser.parse_args()
     main(quick=args.quick, out=output_folder(args.out, args.quick))
+
+
+def claim(doc: str) -> None:
+    """Print the "Claim" paragraph of a lesson's docstring: what of the chapter it measures, in its own words."""
+    print(next(p for p in doc.split("\n\n") if p.startswith("Claim")))
+    print()
 
 
 def fresh() -> None:

@@ -6,7 +6,8 @@
 The lessons live in `lessons/NN_<slug>.py` next to the package (in the repository, not inside the
 installed package), so they are found from this file's location and loaded by path. Each one's
 `main(quick=..., out=...)` prints its narrative (shown with --verbose) and writes
-`{out}/NN_<slug>*.png`; `run` shows which lesson is running and for how long.
+`{out}/NN_<slug>*.png`; `run` shows which lesson is running, for how long, and the few headline
+numbers its `headline(result)` picks from what `main` returned.
 """
 
 from __future__ import annotations
@@ -151,6 +152,8 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
         seconds = time.perf_counter() - t0
         figures = sorted(str(p) for p in Path(out).glob(f"{path.stem}*.png"))
         print(f"{label} done in {seconds:.1f} s: {len(figures)} figure(s)", file=stream, flush=True)
+        for line in getattr(module, "headline", lambda result: [])(result):
+            print(f"      {line}", file=stream, flush=True)
         results[path.stem] = {"seconds": seconds, "figures": figures, "result": result}
     total = time.perf_counter() - t_all
     n_fig = sum(len(r["figures"]) for r in results.values())
