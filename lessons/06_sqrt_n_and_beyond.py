@@ -3,7 +3,8 @@
 What you will see: a deep, narrow GPT (24 blocks) and a chain of 36 tanh layers, each run with k
 checkpointed segments for every k from 1 to n. Chen et al. (2016) keep k segment inputs and replay one
 segment at a time: peak ≈ k·b + (n/k)·a, least at k = √(n·a/b), which is √n only when a layer keeps
-as much as its input (a = b: the tanh chain). A GPT block keeps a ≈ 18× its input, so its best k is
+as much as its input (a = b: the tanh chain). A GPT block keeps a ≈ 18× its input at this
+size (16·B·T·d values plus T² terms, so more as T grows), so its best k is
 near n. Single-level checkpointing costs one extra forward whatever k is; only nesting (recursive
 plans) goes lower in memory, and only by replaying more. The chain's memory model
 (tinygrad_ckpt/planner.py: simulate) is fed per-layer costs measured from one plain ledger run and
@@ -37,7 +38,7 @@ from matplotlib.ticker import FuncFormatter
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import estimate, nn, planner, plots
 from tinygrad_ckpt.checkpoint import run_plan
-from tinygrad_ckpt.planner import LayerCost, Plan, Segment
+from tinygrad_ckpt.planner import LayerCost, Plan
 
 SLUG = "06_sqrt_n_and_beyond"
 
@@ -50,17 +51,6 @@ def sizes(quick: bool) -> dict:
     # (a + stem + head) / plain: 5% for 24 blocks, 16% for 8)
     return dict(gpt=dict(vocab=64, seq_len=32, batch=2, n_layer=24, n_head=2, d_model=32),
                 chain=dict(n=36, shape=(16, 256)), budgets=(0.45, 0.2, 0.09))
-
-
-def uniform_plan(n: int, k: int, last_plain: bool = False) -> Plan:
-    """k checkpointed segments of n/k layers (sizes differ by at most one); with last_plain the last
-    one runs plainly, like torch.utils.checkpoint.checkpoint_sequential. (planner.sequential_plan,
-    which GPT(checkpoint=k) uses, gives the whole remainder to the last segment instead.)"""
-    bounds = [i * n // k for i in range(k + 1)]
-    segments = [Segment(p, q, checkpoint=True) for p, q in zip(bounds, bounds[1:])]
-    if last_plain:
-        segments[-1] = Segment(segments[-1].start, n)
-    return Plan(segments)
 
 
 # ---------------------------------------------------------------- measuring a GPT
@@ -226,10 +216,16 @@ def frontier_figure(res: dict, path: str) -> None:
              "recursive": ("^", "#2F4F4F"), "recursive (depth 2)": ("v", "#2F4F4F"),
              "save_nothing": ("x", "#937860"), "save_matmuls": ("X", "#55A868"),
              "korthikanti_selective": ("*", "#DA8BC3")}
+    same: dict = {}  # policies that land on one point share one label
     for r in res["named"]:
-        marker, color = marks.get(r["label"], ("o", "grey"))
-        ax.scatter([pct(r)], [r["peak"] / div], s=70 if marker != "*" else 140, marker=marker, color=color,
-                   zorder=4, label=r["label"] if r["label"] != "every_layer" else "every_layer (= k = n)")
+        same.setdefault((r["peak"], r["recompute"]), []).append(r["label"])
+    for (peak, _), labels in same.items():
+        r = next(x for x in res["named"] if x["label"] == labels[0])
+        marker, color = marks.get(labels[0], ("o", "grey"))
+        ax.scatter([pct(r)], [peak / div], s=70 if marker != "*" else 140, marker=marker, color=color, zorder=4)
+        ax.annotate(" = ".join(labels), (pct(r), peak / div), xytext=(7, 4), textcoords="offset points", fontsize=7,
+                    color=color, fontweight="bold")
+    ax.scatter([], [], s=50, marker="D", color="grey", label="named policies (GPT(checkpoint=...), labelled)")
     for i, r in enumerate(res["planner"]):
         ax.scatter([pct(r)], [r["peak"] / div], s=90, marker="h", facecolor="none", edgecolor="#4C72B0", lw=1.6,
                    zorder=5)
@@ -292,14 +288,14 @@ def _main(quick: bool, out: str) -> dict:
     C.heading("2. k checkpointed segments, k = 1..n")
     gpt_sweep, last_plain = [], []
     for k in range(1, n + 1):
-        plan = uniform_plan(n, k)
+        plan = planner.balanced_plan(n, k)
         r = run_gpt(cfg, batch, plan)
         r["predicted_peak"], r["predicted_recompute"] = predict(m, plan)
         r["k"] = k
         gpt_sweep.append(r)
     divisors = [k for k in range(2, n + 1) if n % k == 0]
     for k in divisors:
-        plan = uniform_plan(n, k, last_plain=True)
+        plan = planner.balanced_plan(n, k, last_plain=True)
         r = run_gpt(cfg, batch, plan)
         r["predicted_peak"], r["predicted_recompute"] = predict(m, plan)
         r["k"] = k
@@ -308,14 +304,16 @@ def _main(quick: bool, out: str) -> dict:
     for r in gpt_sweep:
         if r["k"] in (1, 2, 3, 4, round(math.sqrt(n)), n // 3, n // 2, round(k_star), n - 1, n):
             rows.append((r["k"], C.format_bytes(r["peak"]), C.format_bytes(r["predicted_peak"]),
-                         f"{r['peak'] / plain['peak']:.1%}", f"{r['recompute'] / r['block_forward']:.3f}"))
-    print(C.table(rows, ["k", "measured peak", "predicted", "of plain", "recompute / fwd(blocks)"]))
+                         f"{r['peak'] / plain['peak']:.1%}", f"{100 * r['recompute'] / r['block_forward']:.1f}%"))
+    print(C.table(rows, ["k", "measured peak", "predicted", "of plain", "recompute"]))
+    print("(recompute: FLOPs replayed, as a % of one forward of the blocks, here and below)")
     worst_pred = max(abs(r["peak"] - r["predicted_peak"]) / r["peak"] for r in gpt_sweep + last_plain)
     worst_flops = max(abs(r["recompute"] - r["predicted_recompute"]) / max(r["recompute"], 1)
                       for r in gpt_sweep + last_plain)
     best = min(gpt_sweep, key=lambda r: r["peak"])
     sqrt_row = gpt_sweep[round(math.sqrt(n)) - 1]
-    print(f"predicted vs measured over all {len(gpt_sweep) + len(last_plain)} plans: largest peak error "
+    print(f"predicted vs measured over {len(gpt_sweep) + len(last_plain)} plans (k = 1..{n} all checkpointed, and "
+          f"the {len(last_plain)} k dividing {n} with the last segment plain): largest peak error "
           f"{worst_pred:.2%}, largest recompute error {worst_flops:.2%}.")
     print(f"least peak at k = {best['k']} ({C.format_bytes(best['peak'])}); √n = {math.sqrt(n):.1f} gives "
           f"{C.format_bytes(sqrt_row['peak'])} at k = {sqrt_row['k']}, {sqrt_row['peak'] / best['peak']:.1f}× more.")
@@ -324,7 +322,7 @@ def _main(quick: bool, out: str) -> dict:
           f"√n is that optimum only when a = b. A block keeps {a / b:.0f}× its input, so the best k sits near n: "
           "checkpoint\nevery block (with whole layers, a segment of 2 layers costs a second `a` for every "
           f"k from {(n + 1) // 2} to {n - 1}).\nAnd every k costs the same: each layer is replayed exactly once "
-          f"(recompute/fwd = {gpt_sweep[0]['recompute'] / gpt_sweep[0]['block_forward']:.3f} for all k).")
+          f"(recompute {100 * gpt_sweep[0]['recompute'] / gpt_sweep[0]['block_forward']:.0f}% for all k).")
     lp_best = min(last_plain, key=lambda r: r["recompute"])
     print(f"With the last segment plain (PyTorch's checkpoint_sequential) its n/k layers are not replayed\n"
           f"(k = {lp_best['k']}: {lp_best['recompute'] / lp_best['block_forward']:.0%} of a forward), but their "
@@ -339,7 +337,7 @@ def _main(quick: bool, out: str) -> dict:
     chain_costs = None
     chain_sweep = []
     for k in range(1, nc + 1):
-        plan = uniform_plan(nc, k)
+        plan = planner.balanced_plan(nc, k)
         r = run_chain(nc, shape, plan, x0)
         if chain_costs is None:
             chain_costs = [LayerCost(r["forward"] / nc, xb, xb)] * nc
@@ -380,18 +378,18 @@ def _main(quick: bool, out: str) -> dict:
         planner_runs.append(r)
         rows.append((f"{frac:.0%} = {C.format_bytes(budget)}", C.format_bytes(pred_peak),
                      C.format_bytes(r["peak"]), "yes" if r["peak"] <= budget else "NO",
-                     f"{pred_flops / r['block_forward']:.3f}", f"{r['recompute'] / r['block_forward']:.3f}"))
+                     f"{100 * pred_flops / r['block_forward']:.1f}%",
+                     f"{100 * r['recompute'] / r['block_forward']:.1f}%"))
     print(C.table(rows, ["budget (of plain peak)", "predicted peak", "measured", "fits", "pred. recompute",
                          "measured"]))
     for r in planner_runs:
         print(textwrap.fill(r["plan"], 110, initial_indent=f"  budget {C.format_bytes(r['budget'])}: ",
                             subsequent_indent="      "))
-    print("(recompute as a multiple of the blocks' forward FLOPs. [p:q)ckpt{...} is a checkpoint whose replay "
-          "is itself checkpointed.)")
+    print("([p:q)ckpt{...} is a checkpoint whose replay is itself checkpointed.)")
     print(f"These use granularity={exact} B (exact). With the default granularity (sizes rounded up to about "
           "budget/128)\nthe plans would recompute " + ", ".join(
-              f"{r['coarse_recompute'] / r['block_forward']:.3f}" for r in planner_runs)
-          + " forwards: rounding every size up can hide the best plan.")
+              f"{100 * r['coarse_recompute'] / r['block_forward']:.1f}%" for r in planner_runs)
+          + ": rounding every size up can hide the best plan.")
     uniform = gpt_sweep + last_plain
     for r in planner_runs:
         fitting = [u for u in uniform if u["peak"] <= r["budget"]]
@@ -399,7 +397,7 @@ def _main(quick: bool, out: str) -> dict:
         r["best_uniform_recompute"] = best_u["recompute"] if best_u else None
     print("Least recompute of a uniform plan (part 2) that fits the same budget: " + ", ".join(
         "none fits" if r["best_uniform_recompute"] is None else
-        f"{r['best_uniform_recompute'] / r['block_forward']:.3f}" for r in planner_runs)
+        f"{100 * r['best_uniform_recompute'] / r['block_forward']:.1f}%" for r in planner_runs)
         + (": the planner never does worse." if all(
             r["best_uniform_recompute"] is None or r["recompute"] <= r["best_uniform_recompute"] for r in planner_runs)
            else ": the planner does WORSE than a uniform plan somewhere (see above)."))
@@ -423,9 +421,9 @@ def _main(quick: bool, out: str) -> dict:
              for r in planner_runs]
     print(C.table(rows, ["policy (GPT(checkpoint=...))", "peak activation", "of plain", "recompute"]))
     sqrt_named = next(r for r in named if r["label"] == "sqrt")
-    print(f"'sqrt' is planner.sqrt_plan: {round(math.sqrt(n))} segments with the remainder in the last one "
-          f"(sequential_plan),\nso it peaks at {C.format_bytes(sqrt_named['peak'])} where the balanced "
-          f"k = {round(math.sqrt(n))} peaks at {C.format_bytes(sqrt_row['peak'])}.")
+    print(f"'sqrt' is planner.sqrt_plan: the k = {round(math.sqrt(n))} row above "
+          f"({C.format_bytes(sqrt_named['peak'])}, measured again here);\n'save_nothing' replays every block, "
+          "as 'every_layer' does, and peaks the same.")
     print("Nesting (recursive) goes below every single-level plan, at the price of replaying most layers "
           "more than once;\nselective policies keep most of the block and replay a few cheap ops: little memory "
           "saved, little recompute.")

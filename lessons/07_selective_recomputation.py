@@ -111,8 +111,15 @@ def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
     """What a checkpoint entry holds after the forward: (op, array, shape, bytes), each buffer once.
 
     Keys are "input0" (the block's input) and "kept<i>.<key>" for op i of the segment kept by the
-    policy; the segment's observations name op i."""
+    policy; the segment's observations name op i. Two ops of one name (attention's two matmuls, q·kᵀ then
+    weights·v) are told apart as "#1" and "#2", in the order they ran."""
     be = backend.current()
+    observed = entry.ctx.replay.segment.observed
+    names = [observed[i].name.removeprefix("transformer.h.0.") for i in sorted(observed)]
+    label = {}
+    for i, name in zip(sorted(observed), names):
+        nth = names[:sorted(observed).index(i) + 1].count(name)
+        label[i] = f"{name}#{nth}" if names.count(name) > 1 else name
     seen, out = set(), []
     for key, a in entry.ctx.saved.items():
         owner, nbytes = be.buffer(a)
@@ -121,7 +128,7 @@ def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
         seen.add(id(owner))
         if key.startswith("kept"):
             index, what = key[len("kept"):].split(".", 1)
-            op = entry.ctx.replay.segment.observed[int(index)].name.split(".", 2)[-1]
+            op = label[int(index)]
         else:
             op, what = "(block input)", key
         out.append((op, what, tuple(a.shape), int(nbytes)))
@@ -369,6 +376,7 @@ def _main(quick: bool, out: str) -> dict:
         print(f"{p} keeps in block h.0:")
         print(textwrap.fill(", ".join(f"{op}:{what} {list(shape)}" for op, what, shape, _ in r["kept"]), 110,
                             initial_indent="    ", subsequent_indent="    "))
+    print("(attn.matmul#1 is q·kᵀ, attn.matmul#2 the attention weights times v: two ops of one name, in order.)")
     print("A kept op keeps what it made: its output (when a recomputed op reads it in the replay) and what it "
           "saved that\nis not one of its inputs. A kept linear keeps its output, not its saved input x: that is the "
           "output of the\nop before it, recomputed when that op is. The activation peak still includes one block "

@@ -65,7 +65,7 @@ class Setup(NamedTuple):
 
 SETUPS = (
     Setup("adamw_fp32", "AdamW, float32 m and v (the seed)", "adamw", np.float32),
-    Setup("adamw_fp16", "AdamW, float16 m and v (state_dtype=None)", "adamw", None),
+    Setup("adamw_fp16", "AdamW, float16 m and v (the parameters' dtype)", "adamw", None),
     Setup("sgd", "SGD, no optimizer state", "sgd"),
     Setup("adamw_fp32_b1", "AdamW, float32 m and v, batch 1", "adamw", np.float32, 1),
 )

@@ -13,6 +13,7 @@ from tinygrad_ckpt.planner import (
     LayerCost,
     Plan,
     Segment,
+    balanced_plan,
     every_layer_plan,
     minimum_peak_bytes,
     no_checkpoint_plan,
@@ -114,7 +115,9 @@ def test_invalid_plans_are_rejected():
 def test_ready_made_plans():
     assert sequential_plan(10, 3).describe() == "[0:3)ckpt [3:6)ckpt [6:10)ckpt"
     assert sequential_plan(10, 3, last_plain=True).describe() == "[0:3)ckpt [3:6)ckpt [6:10)plain"
-    assert sqrt_plan(10) == sequential_plan(10, 3)
+    assert sqrt_plan(10).describe() == "[0:3)ckpt [3:6)ckpt [6:10)ckpt"  # 10 // 3 = 3: sizes 3, 3, 4
+    assert balanced_plan(24, 5).describe() == "[0:4)ckpt [4:9)ckpt [9:14)ckpt [14:19)ckpt [19:24)ckpt"
+    assert sqrt_plan(24) == balanced_plan(24, 5) != sequential_plan(24, 5)  # 4, 4, 4, 4, 8 would peak higher
     assert every_layer_plan(2).describe() == "[0:1)ckpt [1:2)ckpt"
     assert recursive_plan(4).describe() == "[0:2)ckpt{[0:1)ckpt,[1:2)plain} [2:3)ckpt [3:4)plain"
     assert recursive_plan(8, depth=1).depth == 1 and recursive_plan(8).depth == 3
@@ -155,11 +158,11 @@ def test_sqrt_plan_peak_grows_like_sqrt_n():
     for n in range(1, 400):
         segments = max(1, round(math.sqrt(n)))
         result = simulate(uniform_costs(n), sqrt_plan(n))
-        assert result.peak_bytes == segments + n // segments + n % segments
+        assert result.peak_bytes == segments + -(-n // segments)  # k inputs + the longest (balanced) segment
         assert result.peak_bytes <= 3 * math.sqrt(n) + 1
         assert result.recompute_flops == n
         last_plain = simulate(uniform_costs(n), sqrt_plan(n, last_plain=True))
-        assert last_plain.recompute_flops == (segments - 1) * (n // segments)
+        assert last_plain.recompute_flops == (segments - 1) * n // segments
 
 
 # --- Revolve closed forms -----------------------------------------------------------------------------

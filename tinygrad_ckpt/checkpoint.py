@@ -656,7 +656,7 @@ def run_checkpointed(blocks, x, spec):
     elif spec == "sqrt":
         plan = planner.sqrt_plan(n)
     elif isinstance(spec, int) and not isinstance(spec, bool):
-        plan = planner.sequential_plan(n, spec)
+        plan = planner.balanced_plan(n, spec)
     elif isinstance(spec, planner.Plan):
         plan = spec
     else:

@@ -125,14 +125,25 @@ def no_checkpoint_plan(n: int) -> Plan:
 
 
 def sequential_plan(n: int, segments: int, last_plain: bool = False) -> Plan:
-    """``segments`` checkpointed pieces of n // segments layers, the remainder joining the last piece.
-
-    With ``last_plain`` the last piece runs plainly, as in PyTorch's ``checkpoint_sequential``.
+    """``segments`` checkpointed pieces of n // segments layers, the remainder joining the last piece, as
+    PyTorch's ``checkpoint_sequential`` splits (which runs it with ``last_plain``: the last piece plainly).
     """
     if not 1 <= segments <= n:
         raise ValueError(f"need 1 <= segments <= n, got segments={segments}, n={n}")
     size = n // segments
     bounds = [k * size for k in range(segments)] + [n]
+    pieces = [Segment(p, q, checkpoint=True) for p, q in zip(bounds, bounds[1:])]
+    if last_plain:
+        pieces[-1] = Segment(pieces[-1].start, n)
+    return Plan(pieces)
+
+
+def balanced_plan(n: int, segments: int, last_plain: bool = False) -> Plan:
+    """``segments`` checkpointed pieces whose sizes differ by at most one layer (what GPT(checkpoint=k) and
+    sqrt_plan run: the longest piece sets the replay's peak, so no piece takes a whole remainder)."""
+    if not 1 <= segments <= n:
+        raise ValueError(f"need 1 <= segments <= n, got segments={segments}, n={n}")
+    bounds = [i * n // segments for i in range(segments + 1)]
     pieces = [Segment(p, q, checkpoint=True) for p, q in zip(bounds, bounds[1:])]
     if last_plain:
         pieces[-1] = Segment(pieces[-1].start, n)
@@ -145,8 +156,8 @@ def every_layer_plan(n: int) -> Plan:
 
 
 def sqrt_plan(n: int, last_plain: bool = False) -> Plan:
-    """Chen et al. 2016: round(sqrt n) checkpointed segments; peak ~ (n/k) b + k a, one extra forward."""
-    return sequential_plan(n, max(1, round(math.sqrt(n))), last_plain)
+    """Chen et al. 2016: round(sqrt n) balanced checkpointed segments; peak ~ (n/k) b + k a, one extra forward."""
+    return balanced_plan(n, max(1, round(math.sqrt(n))), last_plain)
 
 
 def recursive_plan(n: int, depth: int | None = None) -> Plan:

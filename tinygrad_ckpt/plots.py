@@ -39,6 +39,7 @@ CATEGORY_LABELS = {
     "other": "other (inputs, outputs, temporaries)",
 }
 PHASE_COLORS = {"forward": "#DCEBF7", "backward": "#FBE3D3", "recompute": "#DDF2DD", "optimizer": "#E9E1F3"}
+RECOMPUTE_MARK = "#2E8B57"  # the strip along the top of a timeline where replays run
 OP_COLORS = {
     "linear": "#4C72B0", "matmul": "#55A868", "softmax": "#C44E52", "gelu": "#DD8452",
     "layer_norm": "#8172B3", "masked_fill": "#937860", "dropout": "#DA8BC3", "mul": "#8C8C8C",
@@ -141,6 +142,10 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
                          ymax: float | None = None) -> dict:
     """Live bytes over time stacked by category, phases shaded, the peak marked and labelled.
 
+    The forward, backward and optimizer phases are shaded bands; each replay of a checkpoint (phase
+    "recompute", inside the backward) is marked along the top edge, so that a backward of many replays
+    reads as one band instead of dozens of stripes.
+
     x: "event" (index of the ledger's memory events), "step" (op steps), "flops" or "time".
     unit: "KiB", "MiB", ... (default: chosen from the peak). legend: True (right of the axes),
     "below", or False. ymax: a y limit in `unit` (for panels that share one axis).
@@ -160,10 +165,17 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
     handles = []
     if shade_phases:
         seen = set()
-        for phase, s, e in _phase_runs(d["phase"]):
+        bands = ["backward" if p == "recompute" else p for p in d["phase"]]
+        for phase, s, e in _phase_runs(bands):
             ax.axvspan(xe[s], xe[e], color=PHASE_COLORS.get(phase, "#EEEEEE"), lw=0, zorder=0)
             seen.add(phase)
-        handles += [Patch(color=PHASE_COLORS[p], label=f"{p} phase") for p in PHASES if p in seen]
+        for phase, s, e in _phase_runs(d["phase"]):
+            if phase == "recompute":
+                ax.axvspan(xe[s], xe[e], ymin=0.965, ymax=1.0, color=RECOMPUTE_MARK, lw=0, zorder=1)
+                seen.add(phase)
+        handles += [Patch(color=PHASE_COLORS[p], label=f"{p} phase") for p in PHASES if p in seen and p != "recompute"]
+        if "recompute" in seen:
+            handles.append(Patch(color=RECOMPUTE_MARK, label="recompute (replays, marked along the top)"))
 
     bottom = np.zeros(len(xs))
     cat_handles = []
