@@ -22,6 +22,7 @@ LAYERS = [
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"ledger"},  # an observer
     {"plots", "measure"},
+    {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
     {"figures"},
     {"cli"},
 ]
