@@ -24,6 +24,7 @@ LAYERS = [
     {"plots", "measure"},
     {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
     {"figures"},
+    {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings
     {"cli"},
 ]
 CIRCLE = {"tensor", "function", "ops"}
