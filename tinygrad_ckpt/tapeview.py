@@ -260,8 +260,8 @@ def _draw_matplotlib(entries, rows, edges, path, max_interior):
     line_h, gap = 0.22, 0.25  # inches
     heights = [len(lines) * line_h + 0.15 for lines, _ in blocks]
     total = sum(heights) + gap * (len(blocks) + 1)
-    fig, ax = plots.new_figure(figsize=(10, max(2.0, total)))
-    ax.set_xlim(0, 10)
+    fig, ax = plots.new_figure(figsize=(11, max(2.0, total)))
+    ax.set_xlim(0, 11.2)
     ax.set_ylim(total, 0)
     ax.axis("off")
     y, centers = gap, []
@@ -282,10 +282,11 @@ def _draw_matplotlib(entries, rows, edges, path, max_interior):
     for i, ins in enumerate(edges):
         for kind, source in ins:
             if kind == "entry":
-                bend = 0.15 + 0.05 * min(i - source, 6)
+                bulge = 0.2 + 0.12 * min(i - source, 8)  # how far right of the boxes the arc reaches
+                rad = bulge / (centers[i] - centers[source])
                 ax.annotate("", xy=(9.8, centers[i]), xytext=(9.8, centers[source]),
                             arrowprops=dict(arrowstyle="->", color="gray", lw=0.8,
-                                            connectionstyle=f"arc3,rad={-bend}"))
+                                            connectionstyle=f"arc3,rad={-rad:.3f}"))
     handles = [Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
     ax.legend(handles=handles, loc="upper left", fontsize=8, title="saved array is", title_fontsize=8)
     if path is not None:
