@@ -197,6 +197,38 @@ def layernorm_keeps_statistics(rng) -> dict:
             "layernorm_xhat_err": xhat_err, "layernorm_shape": (B, T, d)}
 
 
+def what_a_graph_keeps(rng, out: str) -> dict:
+    C.heading("5. Everything a graph keeps: tg.print_saved and tg.draw_tape")
+    d = 8
+    x = tg.Tensor(rng.standard_normal((2, 4, d)).astype(np.float32), requires_grad=True, name="x")
+    p = {name: tg.Parameter(rng.standard_normal(shape).astype(np.float32) * 0.3, name=name) for name, shape in
+         [("ln.weight", (d,)), ("ln.bias", (d,)), ("mlp.c_fc.weight", (4 * d, d)), ("mlp.c_fc.bias", (4 * d,)),
+          ("mlp.c_proj.weight", (d, 4 * d)), ("mlp.c_proj.bias", (d,))]}
+
+    def mlp(h):
+        with tg.name_scope("mlp"):
+            return F.linear(F.gelu(F.linear(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])),
+                            p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
+
+    def block(x, checkpointed=False):
+        with tg.name_scope("ln"):
+            h = F.layer_norm(x, p["ln.weight"], p["ln.bias"])
+        return x + (tg.checkpoint(mlp, h, name="mlp") if checkpointed else mlp(h))
+
+    print("print_saved(block, x): every array the graph of one small pre-norm MLP block keeps for backward")
+    plain = tg.print_saved(block, x)
+    print("\nthe same block with its MLP checkpointed: the MLP's interior is gone, its input is kept")
+    kept = tg.print_saved(block, x, checkpointed=True)
+    fresh = lambda rows: sum(r.nbytes for r in rows if r.same_as is None and r.kind != "parameter")
+    print(f"held beyond the parameters: {fresh(plain)} B plain, {fresh(kept)} B checkpointed")
+    loss = (block(x, checkpointed=True) * block(x)).sum()
+    path = C.fig_path(out, f"{SLUG}_tape.png")
+    tg.draw_tape(loss, path)
+    print("tg.draw_tape(loss, path): both blocks, the checkpointed one drawn with the ops it will replay")
+    print(f"wrote {path}")
+    return {"saved_plain_bytes": fresh(plain), "saved_checkpointed_bytes": fresh(kept), "tape_figure": path}
+
+
 def main(quick: bool = False, out: str = "figures") -> dict:
     t0 = time.perf_counter()
     tg.manual_seed(0)
@@ -208,7 +240,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     result.update(non_invertible(out))
     result.update(softmax_keeps_output(rng))
     result.update(layernorm_keeps_statistics(rng))
-    result["figures"] = [result.pop("figure")]
+    result.update(what_a_graph_keeps(rng, out))
+    result["figures"] = [result.pop("figure"), result.pop("tape_figure")]
     print(f"\n({time.perf_counter() - t0:.1f} s)")
     return result
 

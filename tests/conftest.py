@@ -19,7 +19,9 @@ def _cupy_skip_reason():
     """Why the CuPy backend cannot run here, or None when it can."""
     try:
         import cupy
-    except Exception as exc:  # ImportError, or a CUDA library failing to load
+    except ModuleNotFoundError:
+        return "CuPy is not installed (the GPU variants: pip install -e '.[gpu]' where there is a CUDA GPU)"
+    except Exception as exc:  # a CUDA library failing to load
         return f"cupy is not importable ({type(exc).__name__}: {exc})"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
@@ -56,3 +58,16 @@ def seed():
 def rng():
     """A NumPy generator for test data (independent of the engine's RNG)."""
     return np.random.default_rng(1234)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Why tests skipped, one line per reason with its count (instead of one line per test with -rs)."""
+    reasons: dict[str, int] = {}
+    for report in terminalreporter.stats.get("skipped", []):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        reason = reason.removeprefix("Skipped: ")
+        reasons[reason] = reasons.get(reason, 0) + 1
+    if reasons:
+        terminalreporter.section(f"{sum(reasons.values())} skipped, by reason", sep="-")
+        for reason, count in sorted(reasons.items(), key=lambda item: -item[1]):
+            terminalreporter.write_line(f"{count:5d}  {reason}")

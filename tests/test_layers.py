@@ -22,7 +22,9 @@ LAYERS = [
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"ledger"},  # an observer
     {"plots", "measure"},
+    {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
     {"figures"},
+    {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings
     {"cli"},
 ]
 CIRCLE = {"tensor", "function", "ops"}

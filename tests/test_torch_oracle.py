@@ -17,7 +17,7 @@ from test_ops import REGISTRY
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn
 
-torch = pytest.importorskip("torch")
+torch = pytest.importorskip("torch", reason="PyTorch is not installed")
 tnn = torch.nn
 TF = torch.nn.functional
 

@@ -200,7 +200,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="tinygrad-ckpt",
         description="Where training memory goes, and how activation checkpointing buys it back.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{figures,estimate}")
+    sub = parser.add_subparsers(dest="command", metavar="{figures,estimate,notebooks,api-docs}")
     fig = sub.add_parser("figures", help="draw the lessons' figures (figures/NN_<slug>.png)",
                          description="Run the lessons and write their figures.")
     fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
@@ -228,6 +228,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="device memory to compare the peak with, with its unit: 80GB, 80GiB, 74.5GiB or none "
                         "(default 80GB)")
     e.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
+    sub.add_parser("notebooks", help="write notebooks/NN_<slug>.ipynb from the lessons",
+                   description="Write every lesson as a Jupyter notebook into notebooks/ (no outputs).")
+    sub.add_parser("api-docs", help="write docs/api.md from the docstrings",
+                   description="Write the public API reference, docs/api.md, from the docstrings.")
     return parser
 
 
@@ -237,6 +241,10 @@ def main(argv=None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    if args.command in ("notebooks", "api-docs"):
+        from . import apidoc, notebooks
+
+        return (notebooks if args.command == "notebooks" else apidoc).main()
     if args.command == "figures":
         try:
             from . import figures
