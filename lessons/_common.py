@@ -37,9 +37,12 @@ def cli(main, doc: str | None = None) -> None:
 
 
 def claim(doc: str) -> None:
-    """Print the "Claim" paragraph of a lesson's docstring: what of the chapter it measures, in its own words."""
-    print(next(p for p in doc.split("\n\n") if p.startswith("Claim")))
-    print()
+    """Print the "Claim" paragraph of a lesson's docstring: what of the chapter it measures, in its own words.
+    (In a notebook the docstring is the first cell, already shown, and `__doc__` is None: nothing to print.)"""
+    for paragraph in (doc or "").split("\n\n"):
+        if paragraph.startswith("Claim"):
+            print(paragraph + "\n")
+            return
 
 
 def fresh() -> None:

@@ -1,0 +1,49 @@
+"""Each lesson stands alone: it states the chapter's claim it measures, prints it, and gives the figures
+command a few headline numbers; nothing in the repository needs a file outside it."""
+
+import ast
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tinygrad_ckpt import figures
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = figures.discover()
+OUTSIDE = ("../" + "shared", "shared/" + "seed")  # spelled in two parts, so this file does not match itself
+
+
+@pytest.mark.parametrize("path", LESSONS, ids=[p.stem for p in LESSONS])
+def test_lesson_states_the_claim_it_measures(path):
+    tree = ast.parse(path.read_text())
+    doc = ast.get_docstring(tree)
+    claims = [p for p in doc.split("\n\n") if p.startswith("Claim")]
+    assert len(claims) == 1, "one paragraph starting 'Claim (chapter ..., section ...): ...'"
+    assert claims[0].startswith('Claim (chapter "') and 'section "' in claims[0]
+    assert len(claims[0]) > 150  # the claim in the lesson's own words, not just a reference
+    calls = {ast.unparse(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    assert "C.claim" in calls  # and prints it
+    assert any(isinstance(n, ast.FunctionDef) and n.name == "headline" for n in tree.body)
+
+
+def test_nothing_in_the_repository_reaches_outside_it():
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    offenders = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix in (".py", ".md", ".toml", ".txt", ".ipynb", ".sh", ".cfg") or name.startswith(".ci/"):
+            text = path.read_text(errors="replace")
+            if any(outside in text for outside in OUTSIDE):
+                offenders.append(name)
+    assert not offenders
+
+
+def test_figures_prints_each_lessons_headline_numbers(tmp_path, capsys):
+    results = figures.run(quick=True, only="02", out=tmp_path)
+    printed = capsys.readouterr().out
+    lesson = figures.load_lesson(LESSONS[1])
+    lines = lesson.headline(results[LESSONS[1].stem]["result"])
+    assert 1 <= len(lines) <= 4
+    for line in lines:
+        assert f"      {line}\n" in printed
