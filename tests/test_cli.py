@@ -102,6 +102,6 @@ def test_figures_delegates(monkeypatch):
     monkeypatch.setitem(sys.modules, "tinygrad_ckpt.figures", fake)
     monkeypatch.setattr(tg, "figures", fake, raising=False)
     assert cli.main(["figures", "--quick", "--only", "03", "--out", "x"]) == 0
-    assert calls == [{"quick": True, "only": "03", "out": "x"}]
+    assert calls == [{"quick": True, "only": ["03"], "out": "x"}]
     assert cli.main(["figures"]) == 0
     assert calls[-1] == {"quick": False, "only": None, "out": None}

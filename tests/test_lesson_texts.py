@@ -3,6 +3,7 @@ command a few headline numbers; nothing in the repository needs a file outside i
 
 import ast
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +48,16 @@ def test_figures_prints_each_lessons_headline_numbers(tmp_path, capsys):
     assert 1 <= len(lines) <= 4
     for line in lines:
         assert f"      {line}\n" in printed
+
+
+def test_a_quick_figures_run_leaves_git_status_clean(tmp_path):
+    def status():
+        return subprocess.run(["git", "status", "--porcelain", "--", "figures", "notebooks"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout
+
+    before = status()
+    command = [sys.executable, "-m", "tinygrad_ckpt.cli", "figures", "--quick", "--only", "02", "08"]
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert status() == before
+    assert str(figures.output_folder(None, quick=True)) in proc.stdout

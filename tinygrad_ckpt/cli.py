@@ -204,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     fig = sub.add_parser("figures", help="draw the lessons' figures (figures/NN_<slug>.png)",
                          description="Run the lessons and write their figures.")
     fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
-    fig.add_argument("--only", metavar="NN", help="only this lesson's figure (e.g. 03)")
+    fig.add_argument("--only", metavar="NN", nargs="+", help="only these lessons (e.g. 03, or 02 08)")
     fig.add_argument("--out", metavar="DIR", help="directory to write the figures to (default: figures/; with "
                                                   "--quick a scratch folder, never figures/)")
     e = sub.add_parser(

@@ -235,6 +235,12 @@ class _Gradients:
         self.owned: set = set()  # keys whose array this backward allocated (safe to add into)
         self.handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
 
+    def __repr__(self) -> str:
+        waiting = ", ".join(f"{edge_name(k)}.grad" for k in list(self.pending)[:4])
+        more = f", +{len(self.pending) - 4} more" if len(self.pending) > 4 else ""
+        captured = f"; {len(self.captured)} captured for the caller" if self.capture is not None else ""
+        return f"<gradients waiting for their entry: {len(self.pending)} ({waiting}{more}){captured}>"
+
     def pop_outputs(self, entry):
         grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
         if all(g is None for g in grads):
