@@ -77,7 +77,8 @@ class Page:
         return self.page.inner_text("#tooltip")
 
     def highlighted(self) -> list[int]:
-        return [int(n) for n in self.js("[...document.querySelectorAll('section.run')].map(s => s.dataset.highlighted)")]
+        sections = "[...document.querySelectorAll('section.run')]"
+        return [int(n) for n in self.js(f"{sections}.map(s => s.dataset.highlighted)")]
 
     def settle(self):
         self.js("() => new Promise(r => requestAnimationFrame(() => requestAnimationFrame(r)))")
