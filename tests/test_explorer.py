@@ -15,10 +15,11 @@ from tinygrad_ckpt import cli, explorer, nn
 from tinygrad_ckpt.ledger import CATEGORIES
 
 
-def forward_backward(checkpoint=None):
+def forward_backward(checkpoint=None, n_layer=2, seq=16, batch=2):
+    """A ledger of one forward and backward of a small GPT (no optimizer)."""
     tg.manual_seed(0)
-    model = nn.GPT(64, 16, 2, 2, 32, checkpoint=checkpoint)
-    idx = np.random.default_rng(0).integers(0, 64, (2, 16))
+    model = nn.GPT(64, seq, n_layer, 2, 32, checkpoint=checkpoint)
+    idx = np.random.default_rng(0).integers(0, 64, (batch, seq))
     with tg.Ledger() as led:
         _, loss = model(idx, idx)
         loss.backward()

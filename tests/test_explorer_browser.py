@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_explorer import forward_backward
 
-import tinygrad_ckpt as tg
-from tinygrad_ckpt import figures, nn
+from tinygrad_ckpt import figures
 from tinygrad_ckpt.palette import CATEGORY_COLORS, layer_of
 
 CHROMIUM = os.environ.get("TINYGRAD_CKPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -99,19 +99,9 @@ def screenshot(page: Page, path) -> None:
 
 # ---------------------------------------------------------------- a page whose ledgers the test holds
 
-def forward_backward(checkpoint=None):
-    tg.manual_seed(0)
-    model = nn.GPT(64, 32, 3, 2, 32, checkpoint=checkpoint)
-    idx = np.random.default_rng(0).integers(0, 64, (4, 32))
-    with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-    return led
-
-
 @pytest.fixture(scope="module")
 def compared(browser, tmp_path_factory):
-    plain, ckpt = forward_backward(), forward_backward("every_layer")
+    plain, ckpt = (forward_backward(plan, n_layer=3, seq=32, batch=4) for plan in (None, "every_layer"))
     path = plain.to_html(tmp_path_factory.mktemp("pages") / "compare.html", compare=ckpt,
                          labels=["plain", "checkpointed"])
     page = Page(browser, path)
