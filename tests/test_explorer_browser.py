@@ -228,10 +228,14 @@ def lessons(browser, tmp_path_factory):
     return {n: results[stem]["result"] for n, stem in LESSON_PAGES.items()}
 
 
-def lesson_peak(number, result) -> int:
-    """The peak of the first panel of each lesson's page, as the lesson reports it."""
-    return {4: lambda r: r["peak_bytes"], 5: lambda r: r["total_peak_plain"],
-            9: lambda r: r["peaks"]["adamw_fp32"]["none"]}[number](result)
+def lesson_peaks(number, result) -> list[int]:
+    """The peak of each panel of a lesson's page, as the lesson reports it."""
+    if number == 4:
+        return [result["peak_bytes"]]
+    if number == 5:
+        return [result["total_peak_plain"], result["total_peak_checkpointed"]]
+    peaks = result["peaks"]
+    return [peaks["adamw_fp32"]["none"], peaks["adamw_fp32"]["every_layer"], peaks["adamw_fp16"]["every_layer"]]
 
 
 @pytest.mark.parametrize("number", sorted(LESSON_PAGES))
@@ -241,10 +245,11 @@ def test_lesson_page(number, lessons, browser, shots):
     page = Page(browser, result["explorer"])
     try:
         assert page.errors == []
-        panels = page.js("explorer.views.length")
-        assert panels == {4: 1, 5: 2, 9: 3}[number]
-        text = page.hover(page.js("explorer.pointOf(0, explorer.views[0].run.peak.event)"))
-        assert f"{lesson_peak(number, result):,} B" in text and "total live" in text
+        peaks = lesson_peaks(number, result)
+        assert page.js("explorer.views.length") == len(peaks)
+        for run, peak in enumerate(peaks):
+            text = page.hover(page.js("r => explorer.pointOf(r, explorer.views[r].run.peak.event)", run))
+            assert f"{peak:,} B" in text and "total live" in text
         page.page.click(".chip[data-layer='h.0']")
         page.settle()
         assert min(page.highlighted()) > 0
