@@ -120,3 +120,9 @@ def test_cli_explore_bad_arguments_exit_2(tmp_path, capsys):
         assert exc.value.code == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "error:" in err
+
+
+def test_the_page_knows_every_category_and_phase_in_the_ledgers_order():
+    from tinygrad_ckpt import ledger
+
+    assert explorer.CATEGORIES == ledger.CATEGORIES and explorer.PHASES == ledger.PHASES

@@ -25,7 +25,7 @@ import numpy as np
 
 from .palette import CATEGORY_COLORS, CATEGORY_LABELS, LIFETIME_COLORS, LIFETIME_LABELS, PHASE_COLORS, layer_of
 
-CATEGORIES = tuple(CATEGORY_COLORS)
+CATEGORIES = tuple(CATEGORY_COLORS)  # the ledger's categories and phases, in its order (the palette has them all)
 PHASES = tuple(PHASE_COLORS)
 ACTIONS = ("existing", "allocated", "saved", "recomputed", "restored", "unsaved", "released", "retagged")
 DEFAULT_TITLE = "tinygrad_ckpt memory explorer"
