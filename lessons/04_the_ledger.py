@@ -162,13 +162,16 @@ def main(quick: bool = False, out: str = "figures") -> dict:
 
     trace_path = C.fig_path(out, f"{SLUG}_trace.json")
     trace = led.to_chrome_trace(trace_path)
+    explorer = led.to_html(C.fig_path(out, f"{SLUG}_explorer.html"), labels=[f"one training step, {n} layers"])
+    print(f"wrote {explorer} (open it in a browser: hover, click a layer, search, zoom)")
     print(f"\nwrote {paths[0]}\nwrote {paths[1]}\nwrote {paths[2]}")
     print(f"wrote {trace_path} ({len(trace['traceEvents'])} trace events: one slice per op, one memory counter "
           f"per event)  ({time.perf_counter() - t0:.1f} s)")
     return dict(n_layer=n, loss=loss, peak_bytes=led.peak_bytes(), peak_phase=str(tl["phase"][i]),
                 n_events=len(led.events), backward=passes[0], summary=summary, idle_layer1=idle1["steps"],
                 idle_layer1_flops=idle1["flops"], idle_layer1_bytes_weighted=idle1["bytes_weighted"],
-                expected_idle=expected, sweep=sweep, layers=rows_l, trace=trace_path, figures=paths)
+                expected_idle=expected, sweep=sweep, layers=rows_l, trace=trace_path, figures=paths,
+                explorer=explorer)
 
 
 def headline(r: dict) -> list[str]:

@@ -237,6 +237,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         suptitle=f"One forward + backward of a {L}-layer GPT (B={B}, T={T}, d={d}), shared y-axis",
     )
     flops_figure([("no checkpointing", lp), ("checkpoint every block", lc)], flops_path)
+    explorer = lp.to_html(C.fig_path(out, f"{SLUG}_explorer.html"), compare=lc,
+                          labels=("no checkpointing", "tg.checkpoint around every block"))
+    print(f"wrote {explorer} (open it in a browser: hover, click a layer, search, zoom)")
     elapsed = time.perf_counter() - t0
     print(f"\nwrote {timeline_path}\nwrote {flops_path}  ({elapsed:.1f} s)")
 
@@ -265,6 +268,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         silent_worst_param=worst,
         silent_n_different=n_diff,
         figures=[timeline_path, flops_path],
+        explorer=explorer,
         seconds=elapsed,
     )
 

@@ -570,9 +570,13 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     timeline_path = C.fig_path(out, f"{SLUG}_timeline.png")
     plans_path = C.fig_path(out, f"{SLUG}_plans.png")
     per_layer_figure(per_layer_path, shape, terms, h0)
-    timeline_figure(timeline_path, [s1["none"], s1["every_layer"], table["adamw_fp16"]["every_layer"]],
-                    ["AdamW (float32 m, v), no checkpointing", "AdamW (float32 m, v), every layer",
-                     "AdamW (float16 m, v), every layer"], shape)
+    timeline_runs = [s1["none"], s1["every_layer"], table["adamw_fp16"]["every_layer"]]
+    timeline_titles = ["AdamW (float32 m, v), no checkpointing", "AdamW (float32 m, v), every layer",
+                       "AdamW (float16 m, v), every layer"]
+    timeline_figure(timeline_path, timeline_runs, timeline_titles, shape)
+    explorer = timeline_runs[0].led.to_html(C.fig_path(out, f"{SLUG}_explorer.html"),
+                                            compare=[r.led for r in timeline_runs[1:]], labels=timeline_titles)
+    print(f"wrote {explorer} (open it in a browser: hover, click a layer, search, zoom)")
     plans_figure(plans_path, table, least, shape)
     elapsed = time.perf_counter() - t_start
     n_measured = len({id(r) for runs in table.values() for r in runs.values() if r is not None}
@@ -610,6 +614,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         cheapest_fit=cheapest,
         fits_80_gib_every_layer=a100,
         figures=[per_layer_path, timeline_path, plans_path],
+        explorer=explorer,
         seconds=elapsed,
     )
 

@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(tinygrad_ckpt.__file__).parent
 
 # bottom to top; a module may import modules of lower layers, and inside the circle, each other
 LAYERS = [
-    {"units"},  # imports nothing
+    {"units", "palette"},  # import nothing
     {"state", "planner", "estimate"},  # per-thread state; pure formulas and plans
     {"backend"},  # numpy, cupy, meta: the only code that knows an array library
     {"observe", "debug"},  # the observer slot; pdb and anomaly checks
@@ -20,6 +20,7 @@ LAYERS = [
     {"functional", "optim"},
     {"checkpoint"},  # a client of the core
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
+    {"explorer", "memory_viz"},  # the ledger's HTML page and memory_viz snapshot, from plain event data
     {"ledger"},  # an observer
     {"plots", "measure"},
     {"tapeview"},  # tape entries as a table and a drawing (draws with plots)

@@ -3,6 +3,7 @@
     tinygrad-ckpt estimate                      # the seed's 7B GPT: 32 layers, d 4096, T 2048, B 4, fp16
     tinygrad-ckpt estimate --checkpoint sqrt --capacity 80GiB
     tinygrad-ckpt figures --quick [--only 03] [--out figures/]
+    tinygrad-ckpt explore --layers 12 --d-model 768 --heads 12 --seq 1024 --out gpt2.html   # a page to open
 
 `estimate` builds the GPT on the meta backend (shapes only, no data), runs a first training step
 (which creates the optimizer states, float32 for AdamW as the seed assumes), then measures a second,
@@ -15,6 +16,7 @@ sbh(34 + 5as/h), and the engine's own per-layer count. It takes seconds and a fe
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import statistics
 import sys
@@ -165,7 +167,7 @@ def report(m: Measurement, capacity: int | None) -> str:
         _row("total peak", _b(led.peak_bytes())),
         "",
         "activations saved per block          bytes                   × layers",
-        _row("measured (ledger, mean of h.i)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
+        _row("measured (ledger, mean over blocks)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
              {"none": "", "selective": "kept in forward + saved by the replays"}.get(
                  m.checkpoint, "saved by the replays, in backward")),
         _row("engine (engine_activation_terms)", f"{engine_layer:,}", format_bytes(L * engine_layer)),
@@ -195,12 +197,26 @@ def report(m: Measurement, capacity: int | None) -> str:
 
 
 # ---- the command line ----------------------------------------------------------------------------
+def _gpt_arguments(p: argparse.ArgumentParser) -> None:
+    """The GPT and training set-up flags `estimate` and `explore` share (defaults: the seed's 7B example)."""
+    p.add_argument("--layers", type=_positive, default=32, help="number of transformer blocks (default 32)")
+    p.add_argument("--d-model", type=_positive, default=4096, help="model width (default 4096)")
+    p.add_argument("--heads", type=_positive, default=32, help="attention heads, dividing d-model (default 32)")
+    p.add_argument("--seq", type=_positive, default=2048, help="sequence length T (default 2048)")
+    p.add_argument("--batch", type=_positive, default=4, help="batch size B (default 4)")
+    p.add_argument("--vocab", type=_positive, default=32000, help="vocabulary size (default 32000)")
+    p.add_argument("--dtype", type=_dtype, default="float16", help="float16 | float32 | float64 (default float16)")
+    p.add_argument("--optimizer", choices=("adamw", "sgd", "none"), default="adamw",
+                   help="adamw (two states per parameter), sgd (none) or none (no step)")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="tinygrad-ckpt",
         description="Where training memory goes, and how activation checkpointing buys it back.",
     )
-    sub = parser.add_subparsers(dest="command", metavar="{figures,estimate,notebooks,api-docs}")
+    sub = parser.add_subparsers(dest="command", metavar="{figures,estimate,explore,notebooks,api-docs}")
     fig = sub.add_parser("figures", help="draw the lessons' figures (figures/NN_<slug>.png)",
                          description="Run the lessons and write their figures.")
     fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
@@ -213,26 +229,51 @@ def _parser() -> argparse.ArgumentParser:
                     "under a ledger, and print the measured memory and FLOPs beside the analytic formulas. "
                     "Defaults: the seed's 7B example.",
     )
-    e.add_argument("--layers", type=_positive, default=32, help="number of transformer blocks (default 32)")
-    e.add_argument("--d-model", type=_positive, default=4096, help="model width (default 4096)")
-    e.add_argument("--heads", type=_positive, default=32, help="attention heads, dividing d-model (default 32)")
-    e.add_argument("--seq", type=_positive, default=2048, help="sequence length T (default 2048)")
-    e.add_argument("--batch", type=_positive, default=4, help="batch size B (default 4)")
-    e.add_argument("--vocab", type=_positive, default=32000, help="vocabulary size (default 32000)")
-    e.add_argument("--dtype", type=_dtype, default="float16", help="float16 | float32 | float64 (default float16)")
-    e.add_argument("--optimizer", choices=("adamw", "sgd", "none"), default="adamw",
-                   help="adamw (two states per parameter), sgd (none) or none (no step)")
+    _gpt_arguments(e)
     e.add_argument("--checkpoint", type=_checkpoint, default="none",
                    help="none | every_layer | sqrt | selective (Korthikanti) | a number of segments")
     e.add_argument("--capacity", type=lambda t: None if t.lower() == "none" else parse_size(t), default="80GB",
                    help="device memory to compare the peak with, with its unit: 80GB, 80GiB, 74.5GiB or none "
                         "(default 80GB)")
-    e.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
+    x = sub.add_parser(
+        "explore", help="write the memory explorer page (HTML) of a GPT training step under checkpoint plans",
+        description="Measure one steady-state training step of a GPT on the meta backend under each --checkpoint "
+                    "plan (as `estimate` does) and write one self-contained HTML page with their memory timelines "
+                    "and lifetimes side by side: open it in a browser. For your own model, record a step under "
+                    "`with tg.Ledger() as led:` and call led.to_html(path). Defaults: the seed's 7B example, "
+                    "without and with checkpointing every layer.",
+    )
+    _gpt_arguments(x)
+    x.add_argument("--checkpoint", type=_checkpoint, nargs="+", default=["none", "every_layer"], metavar="PLAN",
+                   help="one panel per plan: none | every_layer | sqrt | selective | a number of segments "
+                        "(default: none every_layer)")
+    x.add_argument("--out", default="explorer.html", metavar="PATH", help="the page to write (default explorer.html)")
+    x.add_argument("--memory-viz", action="store_true",
+                   help="also write each step as a PyTorch memory_viz snapshot, PATH_<plan>.pickle, to open at "
+                        "pytorch.org/memory_viz")
     sub.add_parser("notebooks", help="write notebooks/NN_<slug>.ipynb from the lessons",
                    description="Write every lesson as a Jupyter notebook into notebooks/ (no outputs).")
     sub.add_parser("api-docs", help="write docs/api.md from the docstrings",
                    description="Write the public API reference, docs/api.md, from the docstrings.")
     return parser
+
+
+def explore(shape: est.GPTShape, optimizer: str, plans, out: str, memory_viz: bool = False) -> list[str]:
+    """Measure one training step per checkpoint plan on the meta backend; write the explorer page (and
+    the memory_viz snapshots). Returns the files written."""
+    step = SteadyStep(shape, optimizer)
+    ledgers = [step.measure(plan)[0] for plan in plans]
+    labels = [f"checkpoint {plan}" for plan in plans]
+    written = [ledgers[0].to_html(out, compare=ledgers[1:], labels=labels,
+                                  title=f"GPT {shape.n_layer} layers, d_model {shape.d_model}, seq {shape.seq_len}, "
+                                        f"batch {shape.batch}, {shape.dtype}: one training step")]
+    for plan, led in zip(plans, ledgers):
+        print(f"checkpoint {plan}: peak {format_bytes(led.peak_bytes())}, {len(led.events)} ledger events")
+        if memory_viz:
+            path = f"{os.path.splitext(out)[0]}_{plan}.pickle"
+            led.to_memory_viz(path)
+            written.append(path)
+    return written
 
 
 def main(argv=None) -> int:
@@ -261,6 +302,14 @@ def main(argv=None) -> int:
                              batch=args.batch, vocab_size=args.vocab, dtype=args.dtype, dropout=args.dropout)
     except ValueError as exc:
         parser.error(str(exc))
+    if args.command == "explore":
+        try:
+            written = explore(shape, args.optimizer, args.checkpoint, args.out, args.memory_viz)
+        except OSError as exc:
+            parser.error(f"cannot write {exc.filename or args.out}: {exc.strerror or exc}")
+        for path in written:
+            print(f"wrote {path}")
+        return 0
     print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
     return 0
 

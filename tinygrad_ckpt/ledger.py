@@ -28,6 +28,7 @@ import csv
 import functools
 import gc
 import json
+import os
 import time
 import tracemalloc
 import weakref
@@ -35,8 +36,9 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import backend, state
+from . import backend, explorer, memory_viz, state
 from .observe import Observer
+from .palette import layer_of
 from .tape import edge_name
 from .units import format_bytes, parse_bytes
 
@@ -44,20 +46,6 @@ CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
 PHASES = ("forward", "backward", "recompute", "optimizer")
 _PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
 
-
-
-def layer_of(name: str) -> str:
-    """The layer an op or a saved buffer belongs to: its path up to the first index, or else its module.
-
-    'transformer.h.3.mlp.gelu:x' -> 'transformer.h.3', 'transformer.h.0-3.checkpoint' -> 'transformer.h.0-3',
-    'transformer.ln_f.layer_norm:xhat' -> 'transformer.ln_f', and an op outside any module names
-    itself: 'cross_entropy:logits' -> 'cross_entropy'.
-    """
-    parts = name.split(":")[0].split(".")
-    for i, part in enumerate(parts):
-        if part[:1].isdigit():
-            return ".".join(parts[:i + 1])
-    return ".".join(parts[:-1]) or parts[0]
 
 
 def current() -> Ledger | None:
@@ -86,6 +74,12 @@ class Event:
     from_category: str = ""  # for a move between categories (saved / unsaved)
     flops: int = 0  # FLOPs of this op (action "op")
     time: float = 0.0  # seconds since the ledger started
+
+    @property
+    def allocates(self) -> bool:
+        """A buffer's first event: its memory counts from here (a tape that existed when the ledger started
+        also has "existing" save events, which move a buffer between categories like "saved")."""
+        return self.action in ("existing", "allocated") and not self.from_category
 
 
 @dataclass(slots=True)
@@ -422,7 +416,7 @@ class Ledger(Observer):
         live = dict.fromkeys(CATEGORIES, 0)
         flops = 0
         for i, ev in enumerate(self.events):
-            if ev.action in ("existing", "allocated"):
+            if ev.allocates:
                 live[ev.category] += ev.nbytes
             elif ev.action == "released":
                 live[ev.category] -= ev.nbytes
@@ -455,7 +449,13 @@ class Ledger(Observer):
     def lifetimes(self) -> list[Lifetime]:
         """Every buffer the tape saved: created, first/last used by backward, released, idle fraction."""
         runs = self.backward_passes()
-        bw_flops = {op["step"]: op["flops"] for op in self.ops if op["phase"] == "backward"}
+        backward = [op for op in self.ops if op["phase"] == "backward"]
+        bw_steps = np.array([op["step"] for op in backward], dtype=np.int64)
+        bw_flops = np.cumsum([0] + [op["flops"] for op in backward])  # bw_flops[k]: FLOPs of the first k
+
+        def flops_until(step):  # backward FLOPs of the steps <= step
+            return int(bw_flops[np.searchsorted(bw_steps, step, side="right")])
+
         for life in self._lifetimes.values():
             if life.first_used is None:
                 continue
@@ -463,8 +463,8 @@ class Ledger(Observer):
                 if start - 1 <= life.first_used <= end:
                     span = end - start + 1
                     life.idle_fraction = (life.first_used - (start - 1)) / span
-                    done = sum(f for s, f in bw_flops.items() if start <= s <= life.first_used)
-                    total = sum(f for s, f in bw_flops.items() if start <= s <= end)
+                    done = flops_until(life.first_used) - flops_until(start - 1)
+                    total = flops_until(end) - flops_until(start - 1)
                     life.idle_fraction_flops = done / total if total else None
                     break
         return list(self._lifetimes.values())
@@ -516,7 +516,7 @@ class Ledger(Observer):
         for c in CATEGORIES:
             rows.append(row(c, self.live[c], self.peak[c], self.allocated_total[c], self.freed_total[c]))
         rows.append("-" * len(rows[0]))
-        real_alloc = sum(e.nbytes for e in self.events if e.action in ("existing", "allocated"))
+        real_alloc = sum(e.nbytes for e in self.events if e.allocates)
         real_freed = sum(e.nbytes for e in self.events if e.action == "released")
         rows.append(row("total", self.live_bytes(), self.peak_total, real_alloc, real_freed))
         rows.append("")
@@ -557,11 +557,48 @@ class Ledger(Observer):
             for ev in self.events:
                 writer.writerow([getattr(ev, k) for k in names])
 
+    def to_memory_viz(self, path=None) -> dict:
+        """PyTorch's memory snapshot of what this ledger recorded (memory_viz.py): open the pickle at
+        pytorch.org/memory_viz. Written with pickle protocol 4 when `path` is given; returns the dict."""
+        snap = memory_viz.snapshot(self.events)
+        if path is not None:
+            memory_viz.write(snap, _path("to_memory_viz", path))
+        return snap
+
+    def to_html(self, path, compare=None, labels=None, title: str | None = None) -> str:
+        """One self-contained interactive page (explorer.py): memory over op steps by category, lifetimes of
+        the saved buffers, hover, highlight, search, pan and zoom; nothing fetched, opens from file://.
+
+        compare: another Ledger, or a list of them, shown beside this one on one y axis (plain against
+        checkpointed); labels: one per ledger (default "ledger 1", ...). Returns the path written.
+        """
+        others = [] if compare is None else list(compare) if isinstance(compare, (list, tuple)) else [compare]
+        for i, other in enumerate(others):
+            if not isinstance(other, Ledger):
+                raise TypeError(f"to_html: compare must be a Ledger or a list of Ledgers, got {type(other).__name__}"
+                                + (f" at position {i}" if isinstance(compare, (list, tuple)) else ""))
+        ledgers = [self, *others]
+        if labels is None:
+            labels = [f"ledger {i + 1}" for i in range(len(ledgers))] if others else ["ledger"]
+        labels = [labels] if isinstance(labels, str) else list(labels)
+        if len(labels) != len(ledgers) or not all(isinstance(label, str) for label in labels):
+            raise ValueError(f"to_html: labels must be {len(ledgers)} string(s), one per ledger (this one and "
+                             f"{len(others)} to compare), got {labels!r}")
+        runs = [explorer.run_data(label, led.events, led.ops, led.lifetimes(), led.timeline(), led.backward_passes())
+                for label, led in zip(labels, ledgers)]
+        return explorer.write_html(_path("to_html", path), runs, explorer.DEFAULT_TITLE if title is None else title)
+
     def to_jsonl(self, path) -> None:
         with open(path, "w") as f:
             for ev in self.events:
                 f.write(json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(ev).items()}))
                 f.write("\n")
+
+
+def _path(method: str, path):
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__}")
+    return path
 
 
 @functools.cache

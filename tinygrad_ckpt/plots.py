@@ -9,7 +9,8 @@ each layer saves.
 Every function takes a `Ledger` (or numbers derived from one) and an Axes; nothing here runs the
 engine. Figures are plain `matplotlib.figure.Figure` objects drawn by the Agg canvas, so nothing
 opens a window and importing this module changes no global matplotlib state. Colors are fixed per
-category, phase and op kind, so the same thing looks the same in every lesson.
+category, phase and op kind (palette.py), so the same thing looks the same in every lesson and in the
+HTML explorer.
 """
 
 from __future__ import annotations
@@ -21,35 +22,22 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
-from .ledger import CATEGORIES, PHASES, layer_of
+from .ledger import CATEGORIES, PHASES
+from .palette import (
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    LIFETIME_COLORS,
+    LIFETIME_LABELS,
+    PHASE_COLORS,
+    RECOMPUTE_MARK,
+    layer_of,
+)
 from .units import format_bytes
 
-CATEGORY_COLORS = {
-    "parameter": "#4C72B0",
-    "optimizer": "#8172B3",
-    "gradient": "#DD8452",
-    "activation": "#C44E52",
-    "other": "#A5A5A5",
-}
-CATEGORY_LABELS = {
-    "parameter": "parameters",
-    "optimizer": "optimizer states",
-    "gradient": "gradients",
-    "activation": "activations (saved for backward)",
-    "other": "other (inputs, outputs, temporaries)",
-}
-PHASE_COLORS = {"forward": "#DCEBF7", "backward": "#FBE3D3", "recompute": "#DDF2DD", "optimizer": "#E9E1F3"}
-RECOMPUTE_MARK = "#2E8B57"  # the strip along the top of a timeline where replays run
 OP_COLORS = {
     "linear": "#4C72B0", "matmul": "#55A868", "softmax": "#C44E52", "gelu": "#DD8452",
     "layer_norm": "#8172B3", "masked_fill": "#937860", "dropout": "#DA8BC3", "mul": "#8C8C8C",
     "embedding": "#CCB974", "cross_entropy": "#64B5CD", "checkpoint": "#2F4F4F",
-}
-LIFETIME_COLORS = {
-    "waiting": "#C9D6E3",  # saved, forward still running
-    "idle": "#E07B39",  # backward running, but not yet reached this buffer
-    "used": "#3A923A",  # read by backward, until freed
-    "held": "#7F7F7F",  # never freed while the ledger watched (a tensor still refers to it)
 }
 _BINARY_UNITS = ("B", "KiB", "MiB", "GiB", "TiB")
 
@@ -329,11 +317,8 @@ def plot_lifetimes(ax, led, by: str = "layer", title: str | None = None, max_row
         ax.set_title(title)
     ax.grid(axis="x", alpha=0.3)
     if legend:
-        handles = [Patch(color=LIFETIME_COLORS["waiting"], label="saved, forward still running"),
-                   Patch(color=LIFETIME_COLORS["idle"], label="idle: backward not here yet"),
-                   Patch(color=LIFETIME_COLORS["used"], label="read by backward, then freed")]
-        if any(r["released"] is None for r in rows):
-            handles.append(Patch(color=LIFETIME_COLORS["held"], label="still referenced at the end"))
+        kinds = ["waiting", "idle", "used"] + (["held"] if any(r["released"] is None for r in rows) else [])
+        handles = [Patch(color=LIFETIME_COLORS[k], label=LIFETIME_LABELS[k]) for k in kinds]
         if legend == "below":
             ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=len(handles),
                       fontsize=8, frameon=False)

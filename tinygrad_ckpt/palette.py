@@ -1,0 +1,46 @@
+"""What things look like in every view, and which layer a name belongs to: shared by the matplotlib
+figures (plots.py) and the HTML explorer (explorer.py), so a category, a phase or a lifetime stage
+has one color everywhere. Imports nothing."""
+
+CATEGORY_COLORS = {
+    "parameter": "#4C72B0",
+    "optimizer": "#8172B3",
+    "gradient": "#DD8452",
+    "activation": "#C44E52",
+    "other": "#A5A5A5",
+}
+CATEGORY_LABELS = {
+    "parameter": "parameters",
+    "optimizer": "optimizer states",
+    "gradient": "gradients",
+    "activation": "activations (saved for backward)",
+    "other": "other (inputs, outputs, temporaries)",
+}
+PHASE_COLORS = {"forward": "#DCEBF7", "backward": "#FBE3D3", "recompute": "#DDF2DD", "optimizer": "#E9E1F3"}
+RECOMPUTE_MARK = "#2E8B57"  # a timeline marks where replays run with this, along its top edge
+LIFETIME_COLORS = {
+    "waiting": "#C9D6E3",  # saved, forward still running
+    "idle": "#E07B39",  # backward running, but not yet reached this buffer
+    "used": "#3A923A",  # read by backward, until freed
+    "held": "#7F7F7F",  # never freed while the ledger watched (a tensor still refers to it)
+}
+LIFETIME_LABELS = {
+    "waiting": "saved, forward still running",
+    "idle": "idle: backward not here yet",
+    "used": "read by backward, then freed",
+    "held": "still referenced at the end",
+}
+
+
+def layer_of(name: str) -> str:
+    """The layer an op or a saved buffer belongs to: its path up to the first index, or else its module.
+
+    'transformer.h.3.mlp.gelu:x' -> 'transformer.h.3', 'transformer.h.0-3.checkpoint' -> 'transformer.h.0-3',
+    'transformer.ln_f.layer_norm:xhat' -> 'transformer.ln_f', and an op outside any module names
+    itself: 'cross_entropy:logits' -> 'cross_entropy'.
+    """
+    parts = name.split(":")[0].split(".")
+    for i, part in enumerate(parts):
+        if part[:1].isdigit():
+            return ".".join(parts[:i + 1])
+    return ".".join(parts[:-1]) or parts[0]
