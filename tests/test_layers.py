@@ -21,7 +21,7 @@ LAYERS = [
     {"checkpoint"},  # a client of the core
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"ledger"},  # an observer
-    {"plots", "measure"},
+    {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
     {"figures"},
     {"cli"},
 ]
