@@ -20,6 +20,7 @@ LAYERS = [
     {"functional", "optim"},
     {"checkpoint"},  # a client of the core
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
+    {"parallel"},  # one device's shard of a tensor/sequence-parallel GPT
     {"ledger"},  # an observer
     {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
     {"figures"},

@@ -312,7 +312,8 @@ class _CacheObserver(TorchDispatchMode):
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
                     (self.meter.release_tensor if self.replay else self.meter.hold)(t, "cached")
-        elif self.replay and func not in _ALIASES and func is not aten.empty_like.default:  # a recomputed op reads its inputs (a view or empty_like reads no data)
+        elif self.replay and func not in _ALIASES and func is not aten.empty_like.default:
+            # a recomputed op reads its inputs again (a view or empty_like reads no data)
             self.meter.needed.update(a.untyped_storage().data_ptr() for a in (*args, *(kwargs or {}).values())
                                              if isinstance(a, torch.Tensor))
         return out
@@ -514,7 +515,8 @@ class TorchStep:
         """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
         the per-holder count: {"peak": distinct storages, "per_holder": ..., "dead_cache": bytes selective
         checkpointing cached that no autograd node kept and no replayed op read (outputs backward never needs,
-        such as a Linear's before a residual add), "noise": float dropout noise (CPU dropout keeps it at the value dtype, see _is_noise), "noise_elements", and
+        such as a Linear's before a residual add), "noise": float dropout noise (CPU dropout keeps it at the
+        value dtype, see _is_noise), "noise_elements", and
         "comparable": per_holder - dead_cache - noise + noise_elements (a 1-byte mask per element, as the
         engine and PyTorch's CUDA dropout keep)}."""
         records = self.meter.at_peak_per_holder
