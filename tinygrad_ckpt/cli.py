@@ -240,37 +240,53 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
     return "\n".join(lines)
 
 
-def korthikanti_comparison(led, shape: est.GPTShape, par: Parallelism, selective: bool) -> list[str]:
-    """Block h.0's saves held when backward starts (one microbatch) beside [K22] Table 2, and the difference
-    term by term: measured, not assumed, so it follows any change in what the engine saves."""
+@dataclass
+class LayerComparison:
+    """One layer's saves (one microbatch, held when backward starts) beside [K22] Table 2: the formula, the
+    difference and its terms (label, bytes, why), each measured from the ledger; `unexplained` is what is left."""
+
+    measured: int
+    formula: int
+    formula_text: str
+    explained: list
+    unexplained: int
+
+
+def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -> LayerComparison:
+    """Block h.0's saves beside [K22] Table 2, the difference term by term: measured, not assumed, so it follows
+    any change in what the engine saves."""
     s, b, h, a, v = shape.seq_len, shape.batch // par.microbatches, shape.d_model, shape.n_head, shape.value_bytes
     t, sp = par.tensor, par.sequence
     in_flight = min(par.pipeline, par.microbatches)
     saves = saved_after_forward(led, "h.0.")
     measured = sum(e.nbytes for e in saves.values()) // in_flight
     terms = est.korthikanti_parallel_terms(s, b, h, a, t, sp, selective, bytes_per_value=v)
-    k22 = sum(terms.values())
-    formula = ("34·sbh/t" if sp else "sbh(10+24/t)") if selective else \
+    text = ("34·sbh/t" if sp else "sbh(10+24/t)") if selective else \
         ("(sbh/t)(34+5as/h)" if sp else "sbh(10+24/t+5as/(ht))")
-    rows = [("measured (ledger, block h.0)", measured), (f"K22 Table 2: {formula}", k22)]
     stats = sum(e.nbytes for e in saves.values() if e.shape and e.shape[-1] == 1) // in_flight
     mask = sum(e.nbytes for e in saves.values() if tuple(e.shape) == (s, s)) // in_flight
     explained = [("layer-norm 1/std per token", stats, "the paper counts only the normalised input"),
                  ("causal mask [T, T], bool", mask, "the paper's attention keeps no mask")]
     if shape.dropout == 0:
-        no_dropout = -sum(n for k, n in terms.items() if "dropout" in k)
-        explained.append(("dropout masks and output", no_dropout,
+        explained.append(("dropout masks and output", -sum(n for k, n in terms.items() if "dropout" in k),
                           "dropout is 0: no masks, and A·V reads the softmax output itself"))
     if selective and not sp:
         kept_input = sum(e.nbytes for e in saves.values() if e.name.endswith("checkpoint:input0")) // in_flight
         explained.append(("block input vs c_proj input", kept_input - terms["attn.proj_input"],
                           "the checkpoint keeps the block input whole; the replay rebuilds c_proj's input (÷t)"))
-    rest = measured - k22 - sum(n for _, n, _ in explained)
-    lines = [f"activations of one layer, one microbatch (held when backward starts), {v} B values, 1 B masks:"]
-    lines += [_row(label, f"{n:,}") for label, n in rows]
-    lines.append(_row("difference", f"{measured - k22:+,}"))
-    lines += [_row("  " + label, f"{n:+,}", "", why) for label, n, why in explained if n]
-    lines.append(_row("  unexplained", f"{rest:+,}", "", "(agrees exactly)" if rest == 0 else ""))
+    k22 = sum(terms.values())
+    return LayerComparison(measured, k22, text, explained, measured - k22 - sum(n for _, n, _ in explained))
+
+
+def korthikanti_comparison(led, shape: est.GPTShape, par: Parallelism, selective: bool) -> list[str]:
+    c = compare_layer(led, shape, par, selective)
+    lines = [f"activations of one layer, one microbatch (held when backward starts), {shape.value_bytes} B values, "
+             "1 B masks:",
+             _row("measured (ledger, block h.0)", f"{c.measured:,}"),
+             _row(f"K22 Table 2: {c.formula_text}", f"{c.formula:,}"),
+             _row("difference", f"{c.measured - c.formula:+,}")]
+    lines += [_row("  " + label, f"{n:+,}", "", why) for label, n, why in c.explained if n]
+    lines.append(_row("  unexplained", f"{c.unexplained:+,}", "", "(agrees exactly)" if c.unexplained == 0 else ""))
     return lines
 
 

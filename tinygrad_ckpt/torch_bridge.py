@@ -314,8 +314,9 @@ class _CacheObserver(TorchDispatchMode):
                     (self.meter.release_tensor if self.replay else self.meter.hold)(t, "cached")
         elif self.replay and func not in _ALIASES and func is not aten.empty_like.default:
             # a recomputed op reads its inputs again (a view or empty_like reads no data)
-            self.meter.needed.update(a.untyped_storage().data_ptr() for a in (*args, *(kwargs or {}).values())
-                                             if isinstance(a, torch.Tensor))
+            for a in (*args, *(kwargs or {}).values()):
+                if isinstance(a, torch.Tensor):
+                    self.meter.read(a.untyped_storage().data_ptr())
         return out
 
 
@@ -334,6 +335,7 @@ class Kept:
     requires_grad: bool
     ptr: int = 0
     noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
+    needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
 
 
 @dataclass
@@ -351,10 +353,10 @@ class SavedBytes:
     at_peak: list = field(default_factory=list)  # Kept records live at the peak
     live_per_holder: int = 0
     peak_per_holder: int = 0
-    at_peak_per_holder: list = field(default_factory=list)
+    at_peak_per_holder: list = field(default_factory=list)  # (Kept, how) pairs live at that peak
     after_forward: int = 0
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
-    needed: set = field(default_factory=set)  # pointers an autograd node kept or a replayed op read
+    _last: dict = field(default_factory=dict)  # ptr -> the latest Kept for that storage
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
     _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> Kept
@@ -368,23 +370,28 @@ class SavedBytes:
         if ptr in self.exclude or nbytes == 0:
             return None
         if how != "cached":
-            self.needed.add(ptr)  # an autograd node keeps it: backward reads it
-        record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes, how,
-                      t.requires_grad, ptr, _is_noise(t))
+            self.read(ptr)  # an autograd node keeps it: backward reads it (and what the cache handed back)
         if ptr not in self._live:
-            self._live[ptr] = record
+            record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes, how,
+                          t.requires_grad, ptr, _is_noise(t), needed=how != "cached")
+            self._live[ptr] = self._last[ptr] = record
             self.kept.append(record)
             self.live += nbytes
             if self.live > self.peak:
                 self.peak, self.at_peak = self.live, list(self._live.values())
         if (ptr, how) not in self._live_per_holder:
-            self._live_per_holder[ptr, how] = record
+            self._live_per_holder[ptr, how] = (self._live[ptr], how)
             self.live_per_holder += nbytes
             if self.live_per_holder > self.peak_per_holder:
                 self.peak_per_holder = self.live_per_holder
                 self.at_peak_per_holder = list(self._live_per_holder.values())
         self._refs[ptr, how] += 1
         return ptr, how
+
+    def read(self, ptr: int) -> None:
+        """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
+        if ptr in self._last:
+            self._last[ptr].needed = True
 
     def release(self, key: tuple | None) -> None:
         if key is None:
@@ -393,7 +400,7 @@ class SavedBytes:
         if self._refs[key]:
             return
         del self._refs[key]
-        self.live_per_holder -= self._live_per_holder.pop(key).nbytes
+        self.live_per_holder -= self._live_per_holder.pop(key)[0].nbytes
         ptr = key[0]
         if not any((ptr, how) in self._refs for how in ("saved", "recomputed", "cached")):
             self.live -= self._live.pop(ptr).nbytes
@@ -520,8 +527,8 @@ class TorchStep:
         "comparable": per_holder - dead_cache - noise + noise_elements (a 1-byte mask per element, as the
         engine and PyTorch's CUDA dropout keep)}."""
         records = self.meter.at_peak_per_holder
-        noise = [k for k in records if k.noise]
-        dead = sum(k.nbytes for k in records if k.how == "cached" and k.ptr not in self.meter.needed)
+        noise = [k for k, _ in records if k.noise]
+        dead = sum(k.nbytes for k, how in records if how == "cached" and not k.needed)
         out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "dead_cache": dead,
                "noise": sum(k.nbytes for k in noise), "noise_elements": sum(math.prod(k.shape) for k in noise)}
         out["comparable"] = out["per_holder"] - dead - out["noise"] + out["noise_elements"]
