@@ -23,6 +23,7 @@ Nothing else in the package imports this module; it needs the optional extra `pi
 
 from __future__ import annotations
 
+import gc
 import math
 import weakref
 from collections import defaultdict
@@ -217,8 +218,15 @@ class _Region:
         meter = SavedBytes.active
         if meter is None:
             return self._run(x)
-        with meter.inside_region(replay):
-            return self._run(x)
+        if not replay:  # what selective checkpointing caches here and no replay takes back goes with the region
+            self.cached: list = []
+            weakref.finalize(self, meter.release_all, self.cached)
+        outer, meter.region = meter.region, self
+        try:
+            with meter.inside_region(replay):
+                return self._run(x)
+        finally:
+            meter.region = outer
 
     def _run(self, x):
         if self.inner is not None:
@@ -311,9 +319,13 @@ class _CacheObserver(TorchDispatchMode):
         if cached:
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
-                    (self.meter.release_tensor if self.replay else self.meter.hold)(t, "cached")
-        elif self.replay and func not in _ALIASES and func is not aten.empty_like.default:
-            # a recomputed op reads its inputs again (a view or empty_like reads no data)
+                    if self.replay:
+                        self.meter.release_tensor(t, "cached")
+                    else:
+                        self.meter.region.cached.append(self.meter.hold(t, "cached"))
+        elif not self.replay and func not in _ALIASES and func is not aten.empty_like.default:
+            # an op the replay will run again reads its inputs (a view or empty_like reads no data); noted in forward,
+            # while every cached storage is alive and its address its own
             for a in (*args, *(kwargs or {}).values()):
                 if isinstance(a, torch.Tensor):
                     self.meter.read(a.untyped_storage().data_ptr())
@@ -356,11 +368,11 @@ class SavedBytes:
     at_peak_per_holder: list = field(default_factory=list)  # (Kept, how) pairs live at that peak
     after_forward: int = 0
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
-    _last: dict = field(default_factory=dict)  # ptr -> the latest Kept for that storage
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
     _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> Kept
 
+    region: object = None  # the checkpointed region running now
     active = None  # class attribute: the meter measuring now (one at a time)
 
     def hold(self, t: torch.Tensor, how: str) -> tuple | None:
@@ -369,12 +381,12 @@ class SavedBytes:
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if ptr in self.exclude or nbytes == 0:
             return None
-        if how != "cached":
-            self.read(ptr)  # an autograd node keeps it: backward reads it (and what the cache handed back)
+        if how == "saved":
+            self.read(ptr)  # an autograd node keeps it: backward reads it
         if ptr not in self._live:
             record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes, how,
                           t.requires_grad, ptr, _is_noise(t), needed=how != "cached")
-            self._live[ptr] = self._last[ptr] = record
+            self._live[ptr] = record
             self.kept.append(record)
             self.live += nbytes
             if self.live > self.peak:
@@ -390,8 +402,8 @@ class SavedBytes:
 
     def read(self, ptr: int) -> None:
         """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
-        if ptr in self._last:
-            self._last[ptr].needed = True
+        if ptr in self._live:
+            self._live[ptr].needed = True
 
     def release(self, key: tuple | None) -> None:
         if key is None:
@@ -406,9 +418,17 @@ class SavedBytes:
             self.live -= self._live.pop(ptr).nbytes
 
     def release_tensor(self, t: torch.Tensor, how: str) -> None:
+        """The cache handed t back to a replay: no longer held by it."""
         key = t.untyped_storage().data_ptr(), how
-        if key in self._refs:
+        if key in self._refs and key in self.region.cached:
+            self.region.cached.remove(key)
             self.release(key)
+
+    def release_all(self, keys: list) -> None:
+        """A checkpointed region is gone: what its cache still held (its replay stopped early) goes with it."""
+        for key in keys:
+            self.release(key)
+        keys.clear()
 
     # saved-tensor hooks: outside regions the packed tensor is held by its slot; inside a region's forward the
     # checkpoint's hook below drops it (the slot learns at unpack which replayed tensor it stood for); inside a
@@ -426,6 +446,7 @@ class SavedBytes:
             packed = pack_below(x)
             if replay:
                 return _Slot(self, packed, self.hold(x, "recomputed"), owns=False)
+            self.read(x.untyped_storage().data_ptr())  # a node keeps it: a cached storage is needed
             return _Slot(self, packed, None, below=unpack_below)
 
         return torch.autograd.graph.saved_tensors_hooks(pack, _Slot.unpack)
@@ -546,6 +567,8 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
         p.grad = None
     torch.manual_seed(seed)
     handles = _module_hooks(model)
+    gc.collect()
+    gc.disable()  # slots are let go by reference counting, at the moment autograd drops them: not at gc's whim
     try:
         t0 = time.perf_counter()
         with SavedBytes(exclude=params) as meter:
@@ -554,6 +577,7 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
             loss.backward()
         seconds = time.perf_counter() - t0
     finally:
+        gc.enable()
         for h in handles:
             h.remove()
         _SCOPE.clear()
