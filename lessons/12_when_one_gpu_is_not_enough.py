@@ -89,10 +89,11 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         extra = "; ".join(f"{lbl} {n:+,}" for lbl, n, _ in c.explained if n)
         rows.append((label, c.formula_text, f"{c.formula:,}", f"{c.measured:,}", extra, f"{c.unexplained:+,}"))
     print(C.table(rows, ["plan", "Table 2", "formula (B)", "measured (B)", "named differences", "left"]))
-    print("(the named differences are measured: the layer norms' 1/std vectors, B·T values each, which the paper\n"
-          "does not count; the [T, T] causal mask; and, with selective recomputation but without sequence\n"
-          "parallelism, the block input the checkpoint keeps whole where the paper counts c_proj's input split by t)")
-
+    print("(each named difference is measured from the ledger: 'layer norms' is what this engine's layer norms keep\n"
+          "(the normalised input and a 1/std per token) minus the paper's layer-norm inputs; 'causal mask' the bool\n"
+          "[T, T] mask the paper's attention does not keep; 'dropout masks' the engine's masks minus the paper's\n"
+          "1 byte an element; and, with selective recomputation but without sequence parallelism, the block input\n"
+          "the checkpoint keeps whole where the paper counts c_proj's input split by t)")
     tp = runs["TP"]["category_peaks"]["activation"]
     for label in ("TP + SP", "TP + selective", "TP + SP + selective"):
         act = runs[label]["category_peaks"]["activation"]

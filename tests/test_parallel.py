@@ -38,8 +38,9 @@ def test_one_layer_agrees_with_table_2_once_each_difference_is_named(s, b, h, a,
     assert c.unexplained == 0, c
     assert c.formula == sum(est.korthikanti_parallel_terms(s, b, h, a, t, sequence, selective).values())
     named = dict((label, n) for label, n, _ in c.explained)
-    assert named["layer-norm 1/std per token"] == 2 * b * s // (t if sequence else 1) * 2  # two [B, T(/t), 1]
-    assert named["causal mask [T, T], bool"] == (0 if selective else s * s)
+    assert named["layer norms"] == 2 * b * s // (t if sequence else 1) * 2  # today: two 1/std vectors [B, T(/t), 1]
+    assert named["causal mask [T, T]"] == (0 if selective else s * s)
+    assert named["dropout masks"] == 0  # today: 1-byte masks, as the paper
 
 
 def test_without_dropout_the_papers_dropout_terms_are_the_difference():
@@ -49,7 +50,8 @@ def test_without_dropout_the_papers_dropout_terms_are_the_difference():
     c = cli.compare_layer(led, shape, par, False)
     assert c.unexplained == 0
     terms = est.korthikanti_parallel_terms(32, 2, 64, 8, 2)
-    assert dict((lbl, n) for lbl, n, _ in c.explained)["dropout masks and output"] == \
+    named = dict((lbl, n) for lbl, n, _ in c.explained)
+    assert named["dropout masks"] + named["no attention dropout output"] == \
         -sum(n for k, n in terms.items() if "dropout" in k)
 
 

@@ -263,13 +263,21 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -
     terms = est.korthikanti_parallel_terms(s, b, h, a, t, sp, selective, bytes_per_value=v)
     text = ("34·sbh/t" if sp else "sbh(10+24/t)") if selective else \
         ("(sbh/t)(34+5as/h)" if sp else "sbh(10+24/t+5as/(ht))")
-    stats = sum(e.nbytes for e in saves.values() if e.shape and e.shape[-1] == 1) // in_flight
-    mask = sum(e.nbytes for e in saves.values() if tuple(e.shape) == (s, s)) // in_flight
-    explained = [("layer-norm 1/std per token", stats, "the paper counts only the normalised input"),
-                 ("causal mask [T, T], bool", mask, "the paper's attention keeps no mask")]
+
+    def measured_by(op: str) -> int:
+        """Bytes the ops of this kind keep for their own backward ("h.0.ln_1.layer_norm:xhat"; not the outputs a
+        selective policy kept, "...[kept: ...]:kept0.out0", which stand for the next op's input)."""
+        return sum(e.nbytes for e in saves.values() if e.name.split(":")[0].split("[")[0].rsplit(".", 1)[-1] == op
+                   and not re.fullmatch(r"kept\d+\.out\d+", e.name.rsplit(":", 1)[-1])) // in_flight
+
+    masks = sum(n for k, n in terms.items() if k.endswith("dropout_mask"))
+    explained = [("layer norms", measured_by("layer_norm") - terms["layernorms"],
+                  "the ledger's layer-norm saves minus the paper's inputs (this engine: xhat and 1/std)"),
+                 ("causal mask [T, T]", measured_by("masked_fill"), "the paper's attention keeps no mask"),
+                 ("dropout masks", measured_by("dropout") - masks, "the ledger's masks minus the paper's 1 B each")]
     if shape.dropout == 0:
-        explained.append(("dropout masks and output", -sum(n for k, n in terms.items() if "dropout" in k),
-                          "dropout is 0: no masks, and A·V reads the softmax output itself"))
+        explained.append(("no attention dropout output", -terms.get("attn.softmax_dropout_output", 0),
+                          "dropout is 0: A·V reads the softmax output itself"))
     if selective and not sp:
         kept_input = sum(e.nbytes for e in saves.values() if e.name.endswith("checkpoint:input0")) // in_flight
         explained.append(("block input vs c_proj input", kept_input - terms["attn.proj_input"],
