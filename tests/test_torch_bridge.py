@@ -48,6 +48,8 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_within_2_percent(plan, dropou
     assert (terms["noise"] > 0) == (dropout > 0)  # CPU dropout keeps float noise, 4 bytes an element
     assert terms["noise"] == 4 * terms["noise_elements"]
     assert (terms["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective checkpointing caches
+    # ... and only it draws again the noise of a dropout its policy keeps
+    assert (terms["regenerated"] > 0) == (plan == "korthikanti_selective" and dropout > 0)
     assert (terms["per_holder"] > terms["peak"]) == (spec is not None)  # layer norm keeps the checkpoint's input
     if spec is None and dropout == 0:
         assert abs(step.peak / engine - 1) < 0.02  # raw, no adjustment needed

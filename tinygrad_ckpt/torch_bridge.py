@@ -219,8 +219,11 @@ class _Region:
         if meter is None:
             return self._run(x)
         if not replay:  # what selective checkpointing caches here and no replay takes back goes with the region
-            self.cached: list = []
+            self.cached, self.regenerated = [], []
             weakref.finalize(self, meter.release_all, self.cached)
+            weakref.finalize(self, meter.release_all, self.regenerated)
+        else:  # the replay draws the dropout noise again: the masks counted in its place are done
+            meter.release_all(self.regenerated)
         outer, meter.region = meter.region, self
         try:
             with meter.inside_region(replay):
@@ -287,7 +290,8 @@ def selective_contexts(policy: Policy):
     meter = SavedBytes.active
     if meter is None:
         return forward, recompute
-    return _Both(forward, _CacheObserver(meter, decide, False)), _Both(recompute, _CacheObserver(meter, decide, True))
+    return (_Both(forward, _CacheObserver(meter, decide, False, policy)),
+            _Both(recompute, _CacheObserver(meter, decide, True, policy)))
 
 
 class _Both:
@@ -309,9 +313,12 @@ class _CacheObserver(TorchDispatchMode):
     """Runs above selective checkpointing's caching mode: in forward, the outputs of the ops it caches are
     held (until the replay); in the replay they are handed back (no longer held by the cache)."""
 
-    def __init__(self, meter: SavedBytes, decide, replay: bool):
+    def __init__(self, meter: SavedBytes, decide, replay: bool, policy: Policy):
         super().__init__()
-        self.meter, self.decide, self.replay = meter, decide, replay
+        self.meter, self.decide, self.replay, self.policy = meter, decide, replay, policy
+
+    def keeps_dropout(self) -> bool:
+        return self.policy.decide(*engine_op(aten.native_dropout.default, _current_scope())).save
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -323,6 +330,10 @@ class _CacheObserver(TorchDispatchMode):
                         self.meter.release_tensor(t, "cached")
                     else:
                         self.meter.region.cached.append(self.meter.hold(t, "cached"))
+        elif not self.replay and func is aten.bernoulli_.float and self.keeps_dropout():
+            # dropout noise for a dropout the policy keeps: an in-place random op cannot be cached, so PyTorch
+            # regenerates it in the replay; the engine keeps it as a 1-byte mask (counted per holder only)
+            self.meter.region.regenerated.append(self.meter.hold_mask(args[0]))
         elif not self.replay and func not in _ALIASES and func is not aten.empty_like.default:
             # an op the replay will run again reads its inputs (a view or empty_like reads no data); noted in forward,
             # while every cached storage is alive and its address its own
@@ -356,8 +367,9 @@ class SavedBytes:
 
     A second count, `per_holder`, counts a storage once per kind of holder (saved / recomputed / cached): where
     a replayed op keeps a tensor the checkpoint already holds (PyTorch's layer norm keeps its input, the block
-    input), it is counted twice, as in an engine whose op keeps its own array. Each count notes which storages
-    were live at its peak."""
+    input), it is counted twice, as in an engine whose op keeps its own array; and where selective checkpointing
+    regenerates the noise of a dropout the policy keeps (an in-place random op cannot be cached), it counts the
+    1-byte mask the engine keeps (hold_mask). Each count notes what was live at its peak."""
 
     exclude: set = field(default_factory=set)  # storage pointers not to count (the parameters)
     live: int = 0
@@ -370,7 +382,8 @@ class SavedBytes:
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
-    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> Kept
+    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> (Kept, how)
+    _masks: int = 0  # masks counted in PyTorch's place (hold_mask)
 
     region: object = None  # the checkpointed region running now
     active = None  # class attribute: the meter measuring now (one at a time)
@@ -400,6 +413,20 @@ class SavedBytes:
         self._refs[ptr, how] += 1
         return ptr, how
 
+    def hold_mask(self, noise: torch.Tensor) -> tuple:
+        """Count, in the per-holder count only, the 1-byte mask the engine keeps where PyTorch regenerates
+        `noise` in the replay; returns the key to release it with."""
+        self._masks += 1
+        key = (-self._masks, "regenerated")
+        record = Kept(_current_scope(), "bool", tuple(noise.shape), noise.numel(), "regenerated", False, key[0])
+        self._live_per_holder[key] = (record, "regenerated")
+        self._refs[key] += 1
+        self.live_per_holder += record.nbytes
+        if self.live_per_holder > self.peak_per_holder:
+            self.peak_per_holder = self.live_per_holder
+            self.at_peak_per_holder = list(self._live_per_holder.values())
+        return key
+
     def read(self, ptr: int) -> None:
         """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
         if ptr in self._live:
@@ -414,6 +441,8 @@ class SavedBytes:
         del self._refs[key]
         self.live_per_holder -= self._live_per_holder.pop(key)[0].nbytes
         ptr = key[0]
+        if key[1] == "regenerated":
+            return
         if not any((ptr, how) in self._refs for how in ("saved", "recomputed", "cached")):
             self.live -= self._live.pop(ptr).nbytes
 
@@ -541,7 +570,9 @@ class TorchStep:
 
     def like_for_like(self) -> dict:
         """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
-        the per-holder count: {"peak": distinct storages, "per_holder": ..., "dead_cache": bytes selective
+        the per-holder count: {"peak": distinct storages, "per_holder": ..., "regenerated": 1-byte masks counted
+        where selective checkpointing regenerates dropout noise the engine's policy keeps (in per_holder),
+        "dead_cache": bytes selective
         checkpointing cached that no autograd node kept and no replayed op read (outputs backward never needs,
         such as a Linear's before a residual add), "noise": float dropout noise (CPU dropout keeps it at the
         value dtype, see _is_noise), "noise_elements", and
@@ -550,8 +581,10 @@ class TorchStep:
         records = self.meter.at_peak_per_holder
         noise = [k for k, _ in records if k.noise]
         dead = sum(k.nbytes for k, how in records if how == "cached" and not k.needed)
-        out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "dead_cache": dead,
-               "noise": sum(k.nbytes for k in noise), "noise_elements": sum(math.prod(k.shape) for k in noise)}
+        regenerated = sum(k.nbytes for k, how in records if how == "regenerated")
+        out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "regenerated": regenerated,
+               "dead_cache": dead, "noise": sum(k.nbytes for k in noise),
+               "noise_elements": sum(math.prod(k.shape) for k in noise)}
         out["comparable"] = out["per_holder"] - dead - out["noise"] + out["noise_elements"]
         return out
 
