@@ -107,6 +107,10 @@ def test_cli_parallel_report(capsys):
                             "--zero", "1", "--data-parallel", "2"]) == 0
     out = capsys.readouterr().out
     assert "1F1B" in out and "ZeRO-1" in out
+    for sp in ([], ["--sequence-parallel"]):
+        assert cli.main(args + ["--tensor-parallel", "4", "--checkpoint", "every_layer"] + sp) == 0
+        out = capsys.readouterr().out
+        assert "full recompute" in out and "(agrees exactly)" in out
 
 
 @pytest.mark.parametrize("extra,needle", [

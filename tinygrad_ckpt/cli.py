@@ -222,7 +222,16 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
                        ("activations (saved for backward)", "activation"), ("other (live outputs, inputs)", "other")):
         lines.append(_row(label, _b(led.peak_bytes(cat)), _b(view[cat]) if par.zero else ""))
     lines.append(_row("total peak", _b(led.peak_bytes()), _b(view["peak"]) if par.zero else ""))
-    lines += ["", *korthikanti_comparison(led, shape, par, checkpoint == "selective")]
+    if checkpoint == "every_layer":
+        kept = sum(e.nbytes for e in saved_after_forward(led, "h.0.").values()) // min(p, par.microbatches)
+        full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
+        lines += ["", "activations of one layer under full recompute (held when backward starts):",
+                  _row("measured (ledger, block h.0)", f"{kept:,}"),
+                  _row("K22 Table 2: 2sbh" + ("/t (split)" if par.sequence else ""), f"{full:,}",
+                       "", "the block input" + ("; sequence parallelism splits it by t" if par.sequence else "")),
+                  _row("  unexplained", f"{kept - full:+,}", "", "(agrees exactly)" if kept == full else "")]
+    else:
+        lines += ["", *korthikanti_comparison(led, shape, par, checkpoint == "selective")]
     if p > 1:
         n = min(p, par.microbatches)
         per_layer = sum(e.nbytes for e in saved_after_forward(led, "h.0.").values()) // n
