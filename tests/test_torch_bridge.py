@@ -70,6 +70,7 @@ def test_plans_change_memory_not_results():
         assert step.loss == pytest.approx(loss.item(), rel=1e-5)
         for n, p in model.named_parameters():
             np.testing.assert_allclose(p.grad.numpy(), grads[n], rtol=2e-4, atol=2e-6, err_msg=f"{name}: {n}")
+        assert 0 < step.after_forward <= step.peak
         peaks[name] = step.peak
     assert peaks["every_layer"] < peaks["sqrt"] < peaks["korthikanti_selective"] < peaks["none"]
 

@@ -42,13 +42,7 @@ aten = torch.ops.aten
 
 
 # ---- a nanoGPT in PyTorch, named and shaped as this engine's nn.GPT -----------------------------------------
-class _Scoped(torch.nn.Module):
-    """Remembers its scoped name ("h.3.attn") so the meter and the policies can say where an op ran."""
-
-    scope = ""
-
-
-class CausalSelfAttention(_Scoped):
+class CausalSelfAttention(torch.nn.Module):
     """As nn.CausalSelfAttention: fused c_attn, explicit q kᵀ·scale, causal masked_fill, softmax, dropout
     called directly in this module (so its ops are "h.i.attn.dropout", the attention core), @ v."""
 
@@ -74,7 +68,7 @@ class CausalSelfAttention(_Scoped):
         return self.resid_dropout(self.c_proj(y))
 
 
-class MLP(_Scoped):
+class MLP(torch.nn.Module):
     def __init__(self, d_model: int, dropout: float):
         super().__init__()
         self.c_fc = torch.nn.Linear(d_model, 4 * d_model)
@@ -85,7 +79,7 @@ class MLP(_Scoped):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
 
-class Block(_Scoped):
+class Block(torch.nn.Module):
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
         self.ln_1 = torch.nn.LayerNorm(d_model)
@@ -116,8 +110,8 @@ class TorchGPT(torch.nn.Module):
         self.lm_head = torch.nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
         self.checkpoint = checkpoint
-        for name, module in self.named_modules():
-            module.scope = name.removeprefix("transformer.")  # the engine's op names leave "transformer" out
+        for name, module in self.named_modules():  # each module's scoped name, as the engine names its ops
+            module.scope = name.removeprefix("transformer.")  # ("h.3.attn": the engine leaves "transformer" out)
 
     @classmethod
     def from_engine(cls, gpt, checkpoint=None) -> TorchGPT:
@@ -492,14 +486,6 @@ class SavedBytes:
         self._hooks.__exit__(*exc)
         SavedBytes.active = None
 
-    def by_term(self, records=None) -> dict:
-        """{(scope, dtype): bytes} over `records` (default: every storage kept, at each first hold)."""
-        out: dict = defaultdict(int)
-        for k in self.kept if records is None else records:
-            out[(k.scope, k.dtype)] += k.nbytes
-        return dict(out)
-
-
 def _is_noise(t: torch.Tensor) -> bool:
     """Is t a dropout noise mask as CPU dropout makes it (floats needing no grad, each 0 or 1/(1-p))?"""
     if t.requires_grad or not t.is_floating_point() or t.dim() < 2 or t.numel() == 0:
@@ -617,26 +603,5 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
     return TorchStep(meter, loss.item(), seconds)
 
 
-def term_differences(engine_saved: dict, torch_kept: dict) -> list[tuple[str, str, int, int]]:
-    """Rows (scope, dtype, engine bytes, PyTorch bytes) wherever the two differ, from the engine's
-    {saved name: (dtype, bytes)} and SavedBytes.by_term(); computed, so they follow any change in either side's
-    saves. A scope is a module path with the block number kept ("h.0.ln_1")."""
-    engine: dict = defaultdict(int)
-    for name, (dtype, nbytes) in engine_saved.items():
-        scope = ".".join(name.split(":")[0].split(".")[:-1])
-        engine[(scope, dtype)] += nbytes
-    rows = []
-    for key in sorted(set(engine) | set(torch_kept)):
-        a, b = engine.get(key, 0), torch_kept.get(key, 0)
-        if a != b:
-            rows.append((key[0] or "(top)", key[1], a, b))
-    return rows
-
-
-def engine_saves(led) -> dict:
-    """{saved name: (dtype, bytes)} of a ledger's saved activations (each buffer once)."""
-    return {life.name: (life.dtype, life.nbytes) for life in led.lifetimes()}
-
-
 __all__ = ["TorchGPT", "run_blocks", "plan_for", "engine_op", "selective_contexts", "SavedBytes", "Kept",
-           "TorchStep", "measure_step", "term_differences", "engine_saves"]
+           "TorchStep", "measure_step"]
