@@ -2,7 +2,8 @@
 
     model = TorchGPT.from_engine(gpt)           # nanoGPT's modules, the engine GPT's weights and names
     model.checkpoint = "every_layer"             # the same switch as nn.GPT(checkpoint=...)
-    saved = measure_saved(model, idx, targets)   # one forward + backward under saved-tensor hooks
+    step = measure_step(model, idx, targets)     # one forward + backward, what PyTorch kept measured
+    step.peak, step.like_for_like()              # raw, and set beside the ledger term by term
 
 Plans ("every_layer", "sqrt", k segments, a planner Plan) run their checkpointed segments with
 `torch.utils.checkpoint.checkpoint(use_reentrant=False)`. A `Policy` (tg.save_matmuls,
@@ -257,7 +258,7 @@ def engine_op(op, scope: str) -> tuple[str, str]:
         kind = "dropout"
     else:
         kind = _KINDS.get(op, str(op.overloadpacket.__name__))
-        if kind == "matmul" and last.startswith("c_") or last == "lm_head":
+        if kind == "matmul" and (last.startswith("c_") or last == "lm_head"):
             kind = "linear"
     return kind, f"{scope}.{kind}" if scope else kind
 
