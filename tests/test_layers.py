@@ -20,9 +20,10 @@ LAYERS = [
     {"functional", "optim"},
     {"checkpoint"},  # a client of the core
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
-    {"explorer", "memory_viz"},  # the ledger's HTML page and memory_viz snapshot, from plain event data
+    {"parallel", "explorer", "memory_viz"},  # one device's shard of a parallel GPT; the ledger's HTML page and
+    # memory_viz snapshot, from plain event data
     {"ledger"},  # an observer
-    {"plots", "measure"},
+    {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
     {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
     {"figures"},
     {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings

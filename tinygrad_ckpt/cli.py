@@ -2,6 +2,8 @@
 
     tinygrad-ckpt estimate                      # the seed's 7B GPT: 32 layers, d 4096, T 2048, B 4, fp16
     tinygrad-ckpt estimate --checkpoint sqrt --capacity 80GiB
+    tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel --checkpoint selective
+    tinygrad-ckpt estimate --tensor-parallel 4 --pipeline-parallel 4 --microbatches 8 --zero 1 --data-parallel 2
     tinygrad-ckpt figures --quick [--only 03] [--out figures/]
     tinygrad-ckpt explore --layers 12 --d-model 768 --heads 12 --seq 1024 --out gpt2.html   # a page to open
 
@@ -11,6 +13,10 @@ steady-state step (forward, backward, optimizer step) under a ledger, and prints
 analytic formulas of tinygrad_ckpt/estimate.py: the seed's 12·B·T·d per layer, Korthikanti et al.'s
 sbh(34 + 5as/h), and the engine's own per-layer count. It takes seconds and a few tens of MB for a
 7B model, because no array has data.
+
+With --tensor-parallel, --sequence-parallel, --pipeline-parallel/--microbatches or --zero/--data-parallel it
+runs one device's shard instead (tinygrad_ckpt/parallel.py, measure.ParallelStep) and sets one layer's saves
+beside Korthikanti et al.'s Table 2, term by term.
 """
 
 from __future__ import annotations
@@ -23,7 +29,8 @@ import sys
 from dataclasses import dataclass
 
 from . import estimate as est
-from .measure import SteadyStep
+from .measure import ParallelStep, SteadyStep, saved_after_forward
+from .parallel import Parallelism
 from .units import format_bytes, parse_bytes
 
 _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
@@ -196,6 +203,113 @@ def report(m: Measurement, capacity: int | None) -> str:
     return "\n".join(lines)
 
 
+# ---- one device of many -------------------------------------------------------------------------------
+def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, checkpoint, capacity: int | None) -> str:
+    """One device's share measured on the meta backend, beside Korthikanti et al. 2022, Table 2."""
+    step = ParallelStep(shape, par, optimizer)
+    led, seconds = step.measure(checkpoint)
+    s, b, h, a = shape.seq_len, shape.batch // par.microbatches, shape.d_model, shape.n_head
+    t, L, p = par.tensor, shape.n_layer, par.pipeline
+    view = step.zero_view(led)
+    lines = [
+        f"GPT: {L} layers, d_model {h}, {a} heads, seq {s}, batch {shape.batch}, vocab {shape.vocab_size}, "
+        f"{shape.dtype}, dropout {shape.dropout}; optimizer {optimizer}; checkpoint {checkpoint}",
+        f"{par.describe()}: device 0 ({'the first of ' + str(p) + ' pipeline stages, ' if p > 1 else ''}"
+        f"{L // p} layers, {a // t} of {a} heads, microbatch {b}) measured on the meta backend in {seconds:.2f} s",
+        "",
+        "per device (peak of each category)  measured" + ("" if not par.zero else f"            with ZeRO-{par.zero} "
+                                                          f"over {par.data} (÷{par.data} from the measurement)"),
+    ]
+    for label, cat in (("parameters", "parameter"), ("gradients", "gradient"), ("optimizer states", "optimizer"),
+                       ("activations (saved for backward)", "activation"), ("other (live outputs, inputs)", "other")):
+        lines.append(_row(label, _b(led.peak_bytes(cat)), _b(view[cat]) if par.zero else ""))
+    lines.append(_row("total peak", _b(led.peak_bytes()), _b(view["peak"]) if par.zero else ""))
+    if checkpoint == "every_layer":
+        block0 = saved_after_forward(led, "transformer.h.0.")
+        kept = sum(e.nbytes for e in block0.values()) // min(p, par.microbatches)
+        full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
+        lines += ["", "activations of one layer under full recompute (held when backward starts):",
+                  _row("measured (ledger, block 0)", f"{kept:,}"),
+                  _row("K22 Table 2: 2sbh" + ("/t (split)" if par.sequence else ""), f"{full:,}",
+                       "", "the block input" + ("; sequence parallelism splits it by t" if par.sequence else "")),
+                  _row("  unexplained", f"{kept - full:+,}", "", "(agrees exactly)" if kept == full else "")]
+    else:
+        lines += ["", *korthikanti_comparison(led, shape, par, checkpoint == "selective")]
+    if p > 1:
+        n = min(p, par.microbatches)
+        per_layer = sum(e.nbytes for e in saved_after_forward(led, "transformer.h.0.").values()) // n
+        blocks = sum(e.nbytes for e in saved_after_forward(led, "transformer.h.").values())
+        lines += ["", f"pipeline (1F1B): the first stage holds {n} microbatches in flight when its first backward "
+                      f"starts: its blocks keep {format_bytes(blocks)} = {n} × {L // p} layers × "
+                      f"{format_bytes(blocks / (n * (L // p)))} (one layer, one microbatch: "
+                      f"{format_bytes(per_layer)}); Korthikanti: p microbatches × L/p layers = the activations of "
+                      f"all {L} layers, {format_bytes(L * per_layer)}"]
+    if capacity is not None:
+        peak = view["peak"] if par.zero else led.peak_bytes()
+        verdict = (f"fits, {format_bytes(capacity - peak)} to spare" if peak <= capacity
+                   else f"does NOT fit: {format_bytes(peak - capacity)} over")
+        lines += ["", f"capacity {_b(capacity)}: per-device peak {_b(peak)} {verdict}"]
+    return "\n".join(lines)
+
+
+@dataclass
+class LayerComparison:
+    """One layer's saves (one microbatch, held when backward starts) beside [K22] Table 2: the formula, the
+    difference and its terms (label, bytes, why), each measured from the ledger; `unexplained` is what is left."""
+
+    measured: int
+    formula: int
+    formula_text: str
+    explained: list
+    unexplained: int
+
+
+def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -> LayerComparison:
+    """Block h.0's saves beside [K22] Table 2, the difference term by term: measured, not assumed, so it follows
+    any change in what the engine saves."""
+    s, b, h, a, v = shape.seq_len, shape.batch // par.microbatches, shape.d_model, shape.n_head, shape.value_bytes
+    t, sp = par.tensor, par.sequence
+    in_flight = min(par.pipeline, par.microbatches)
+    saves = saved_after_forward(led, "transformer.h.0.")
+    measured = sum(e.nbytes for e in saves.values()) // in_flight
+    terms = est.korthikanti_parallel_terms(s, b, h, a, t, sp, selective, bytes_per_value=v)
+    text = ("34·sbh/t" if sp else "sbh(10+24/t)") if selective else \
+        ("(sbh/t)(34+5as/h)" if sp else "sbh(10+24/t+5as/(ht))")
+
+    def measured_by(op: str) -> int:
+        """Bytes the ops of this kind keep for their own backward ("…h.0.ln_1.layer_norm:xhat"; not the outputs a
+        selective policy kept, "...[kept: ...]:kept0.out0", which stand for the next op's input)."""
+        return sum(e.nbytes for e in saves.values() if e.name.split(":")[0].split("[")[0].rsplit(".", 1)[-1] == op
+                   and not re.fullmatch(r"kept\d+\.out\d+", e.name.rsplit(":", 1)[-1])) // in_flight
+
+    masks = sum(n for k, n in terms.items() if k.endswith("dropout_mask"))
+    explained = [("layer norms", measured_by("layer_norm") - terms["layernorms"],
+                  "the ledger's layer-norm saves minus the paper's inputs (this engine: xhat and 1/std)"),
+                 ("causal mask [T, T]", measured_by("masked_fill"), "the paper's attention keeps no mask"),
+                 ("dropout masks", measured_by("dropout") - masks, "the ledger's masks minus the paper's 1 B each")]
+    if shape.dropout == 0:
+        explained.append(("no attention dropout output", -terms.get("attn.softmax_dropout_output", 0),
+                          "dropout is 0: A·V reads the softmax output itself"))
+    if selective and not sp:
+        kept_input = sum(e.nbytes for e in saves.values() if e.name.endswith("checkpoint:input0")) // in_flight
+        explained.append(("block input vs c_proj input", kept_input - terms["attn.proj_input"],
+                          "the checkpoint keeps the block input whole; the replay rebuilds c_proj's input (÷t)"))
+    k22 = sum(terms.values())
+    return LayerComparison(measured, k22, text, explained, measured - k22 - sum(n for _, n, _ in explained))
+
+
+def korthikanti_comparison(led, shape: est.GPTShape, par: Parallelism, selective: bool) -> list[str]:
+    c = compare_layer(led, shape, par, selective)
+    lines = [f"activations of one layer, one microbatch (held when backward starts), {shape.value_bytes} B values, "
+             "1 B masks:",
+             _row("measured (ledger, block 0)", f"{c.measured:,}"),
+             _row(f"K22 Table 2: {c.formula_text}", f"{c.formula:,}"),
+             _row("difference", f"{c.measured - c.formula:+,}")]
+    lines += [_row("  " + label, f"{n:+,}", "", why) for label, n, why in c.explained if n]
+    lines.append(_row("  unexplained", f"{c.unexplained:+,}", "", "(agrees exactly)" if c.unexplained == 0 else ""))
+    return lines
+
+
 # ---- the command line ----------------------------------------------------------------------------
 def _gpt_arguments(p: argparse.ArgumentParser) -> None:
     """The GPT and training set-up flags `estimate` and `explore` share (defaults: the seed's 7B example)."""
@@ -235,6 +349,17 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--capacity", type=lambda t: None if t.lower() == "none" else parse_size(t), default="80GB",
                    help="device memory to compare the peak with, with its unit: 80GB, 80GiB, 74.5GiB or none "
                         "(default 80GB)")
+    e.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
+                   help="Megatron tensor parallelism over T devices (heads and the 4d hidden split by T)")
+    e.add_argument("--sequence-parallel", action="store_true",
+                   help="split layer norms, dropouts and residuals along the sequence over the T devices")
+    e.add_argument("--pipeline-parallel", type=_positive, default=1, metavar="P",
+                   help="P pipeline stages of layers/P (1F1B); device 0 is the first stage")
+    e.add_argument("--microbatches", type=_positive, default=None, metavar="M",
+                   help="microbatches per batch, with --pipeline-parallel (default P)")
+    e.add_argument("--zero", type=int, choices=(1, 2, 3), default=0,
+                   help="ZeRO stage over --data-parallel replicas: 1 optimizer states, 2 + gradients, 3 + parameters")
+    e.add_argument("--data-parallel", type=_positive, default=1, metavar="D", help="data-parallel replicas")
     x = sub.add_parser(
         "explore", help="write the memory explorer page (HTML) of a GPT training step under checkpoint plans",
         description="Measure one steady-state training step of a GPT on the meta backend under each --checkpoint "
@@ -310,7 +435,23 @@ def main(argv=None) -> int:
         for path in written:
             print(f"wrote {path}")
         return 0
-    print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
+    if args.microbatches is not None and args.pipeline_parallel == 1:
+        parser.error(f"--microbatches {args.microbatches} needs --pipeline-parallel > 1 (microbatches feed pipeline "
+                     "stages)")
+    par = Parallelism(args.tensor_parallel, args.sequence_parallel, args.pipeline_parallel,
+                      args.microbatches or args.pipeline_parallel, args.zero, args.data_parallel)
+    if par == Parallelism():
+        print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
+        return 0
+    try:
+        par.check(shape)
+    except ValueError as exc:
+        parser.error(str(exc).replace("tensor_parallel", "--tensor-parallel").replace(
+            "pipeline_parallel", "--pipeline-parallel").replace("sequence_parallel", "--sequence-parallel").replace(
+            "data_parallel", "--data-parallel").replace("microbatches", "--microbatches").replace("zero", "--zero"))
+    if not isinstance(args.checkpoint, str) or args.checkpoint not in ("none", "selective", "every_layer"):
+        parser.error(f"--checkpoint {args.checkpoint} with parallelism: choose none, selective or every_layer")
+    print(parallel_report(shape, par, args.optimizer, args.checkpoint, args.capacity))
     return 0
 
 

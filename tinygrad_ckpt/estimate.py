@@ -212,6 +212,25 @@ def korthikanti_selective_bytes(s: int, b: int, h: int, bytes_per_value: int = 2
     return sum(v for k, v in terms.items() if not k.startswith("attn.softmax"))
 
 
+# terms every tensor-parallel device holds whole unless sequence parallelism splits them [K22 sec. 4.2]
+KORTHIKANTI_REPLICATED = ("attn.qkv_input", "attn.dropout_mask", "mlp.fc1_input", "mlp.dropout_mask", "layernorms")
+
+
+def korthikanti_parallel_terms(s: int, b: int, h: int, a: int, t: int = 1, sequence: bool = False,
+                               selective: bool = False, bytes_per_value: int = 2, mask_bytes: int = 1) -> dict:
+    """One device's saved bytes per layer, term by term [K22 Table 2]: with t-way tensor parallelism the
+    layer-norm inputs, the QKV and first-MLP inputs and the two residual dropout masks stay whole (10sbh) and the
+    rest is split by t; sequence parallelism splits those too; selective recomputation drops the as²b terms.
+    Totals at the defaults: sbh(10 + 24/t + 5as/(ht)), (sbh/t)(34 + 5as/h), 34·sbh/t with both."""
+    out = {}
+    for key, value in korthikanti_terms(s, b, h, a, bytes_per_value, mask_bytes).items():
+        if selective and key.startswith("attn.softmax"):
+            continue                                                # recomputed, not kept
+        whole = key in KORTHIKANTI_REPLICATED and not sequence
+        out[key] = value if whole else value // t                   # bytes on one device
+    return out
+
+
 def korthikanti_full_recompute_bytes(s: int, b: int, h: int, bytes_per_value: int = 2) -> int:
     """[K22 Table 2] full recompute keeps only the layer input: 2sbh at 2 bytes."""
     return bytes_per_value * s * b * h

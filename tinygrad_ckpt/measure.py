@@ -74,3 +74,96 @@ class SteadyStep:
                     with led.phase("optimizer"):  # zero_grad frees the gradients: part of the optimizer's turn
                         self.opt.zero_grad()
             return led, time.perf_counter() - t0
+
+
+class ParallelStep:
+    """One device of a parallel run (parallel.DeviceShard: device 0, the first pipeline stage), one training step
+    already taken. `measure(checkpoint)` runs one more step under a Ledger: the 1F1B schedule over the
+    microbatches when pipelined (p - 1 forwards to warm up, then one forward and one backward at a time, so p
+    microbatches are in flight at most; the stage's output gradient arrives as zeros of its shape), then the
+    optimizer step. ZeRO is applied to the measurement afterwards (`zero_view`)."""
+
+    def __init__(self, shape: GPTShape, par, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta"):
+        from .parallel import DeviceShard
+
+        if optimizer not in ("adamw", "sgd", "none"):
+            raise ValueError(f"ParallelStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
+        par.check(shape)
+        self.shape, self.par, self.backend_name = shape, par, backend_name
+        with using_backend(backend_name):
+            backend.manual_seed(0)
+            self.model = DeviceShard(shape, par)
+            if shape.dtype != "float32":
+                self.model.to(np.dtype(shape.dtype))
+            params = self.model.parameters()
+            self.opt = {"adamw": lambda: optim.AdamW(params, state_dtype=state_dtype),
+                        "sgd": lambda: optim.SGD(params, lr=0.1), "none": lambda: None}[optimizer]()
+            micro = shape.batch // par.microbatches
+            self.idx = backend.xp().zeros((micro, shape.seq_len), dtype=np.int64)
+            if self.opt is not None:
+                self._step()
+                self.opt.zero_grad()
+
+    def _forward(self):
+        out, loss = self.model(self.idx, self.idx)
+        return out if loss is None else loss
+
+    def _backward(self, out) -> None:
+        if out.size == 1:
+            out.backward()
+        else:  # a pipeline stage: the next stage sends the gradient of its output
+            out.backward(backend.xp().zeros(out.shape, dtype=out.dtype))
+
+    def _step(self) -> None:
+        p, m = self.par.pipeline, self.par.microbatches
+        in_flight, started = [], 0
+        while started < min(p - 1, m):  # warm-up forwards
+            in_flight.append(self._forward())
+            started += 1
+        while in_flight or started < m:
+            if started < m:
+                in_flight.append(self._forward())
+                started += 1
+            self._backward(in_flight.pop(0))
+        if self.opt is not None:
+            self.opt.step()
+
+    def measure(self, checkpoint=None) -> tuple[Ledger, float]:
+        """(ledger, seconds) of one step; checkpoint as SteadyStep.measure."""
+        self.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
+            if isinstance(checkpoint, str) else checkpoint
+        with using_backend(self.backend_name):
+            t0 = time.perf_counter()
+            with Ledger() as led:
+                self._step()
+                if self.opt is not None:
+                    with led.phase("optimizer"):
+                        self.opt.zero_grad()
+            return led, time.perf_counter() - t0
+
+    def zero_view(self, led: Ledger) -> dict:
+        """Per-device bytes under ZeRO stage z over d replicas, from the measured timeline: optimizer states ÷ d
+        (z ≥ 1), gradients ÷ d (z ≥ 2), parameters ÷ d (z = 3), the rest as measured; the peak is the maximum
+        over the step of their sum. (ZeRO's gather and reduce-scatter buffers are not modelled.)"""
+        z, d = self.par.zero, self.par.data
+        share = {"optimizer": 1 / d if z >= 1 else 1, "gradient": 1 / d if z >= 2 else 1,
+                 "parameter": 1 / d if z >= 3 else 1, "activation": 1, "other": 1}
+        tl = led.timeline()
+        total = sum(tl[c] * f for c, f in share.items())
+        out = {c: round(led.peak_bytes(c) * f) for c, f in share.items()}
+        out["peak"] = round(float(total.max()))
+        return out
+
+
+def saved_after_forward(led: Ledger, prefix: str = "") -> dict:
+    """{buffer id: its last forward event (name, nbytes, shape, dtype)} of the activations still held when the
+    first backward starts (what a forward keeps for backward: with a checkpoint, its inputs and what its policy
+    kept), for names starting with `prefix`."""
+    last = {}
+    for e in led.events:
+        if e.phase != "forward":
+            break
+        if e.buffer >= 0 and e.action != "op":
+            last[e.buffer] = e
+    return {k: e for k, e in last.items()
+            if e.category == "activation" and e.action not in ("released", "freed") and e.name.startswith(prefix)}

@@ -1,0 +1,181 @@
+"""Lesson 11: taking the plan to PyTorch.
+
+The claim: a checkpointing plan chosen here carries over to PyTorch unchanged. The planner picks segments for
+a memory budget from this engine's measured costs; applied to the same GPT in PyTorch (torch.utils.checkpoint,
+non-reentrant, for plans; selective activation checkpointing for policies), PyTorch keeps the bytes the
+ledger measured, within 2%, once each measured difference between the two is counted like for like. The time
+each plan costs is measured too, in both, and printed beside (on a shared CPU these times are noisy; this
+engine also checks every replay against its forward, which PyTorch does not).
+
+What you will see: one GPT (dropout on) under five plans (none, every layer, √n segments, the planner's plan
+for a budget, Korthikanti's selective recomputation), each measured twice: by the ledger (this engine, NumPy)
+and by tinygrad_ckpt.torch_bridge.SavedBytes (PyTorch: every storage autograd, a checkpoint replay or the
+selective cache holds for backward, counted once). Beside the raw numbers, the three measured differences:
+PyTorch's CPU dropout keeps float noise (4 bytes an element, against a 1-byte mask), PyTorch's layer norm
+keeps its input, which a checkpoint already holds (one array fewer per replayed block), selective
+checkpointing caches outputs backward never reads (a Linear's output before a residual add), and it cannot
+cache dropout noise (an in-place random op), so it draws again in the replay the masks this engine keeps.
+
+Read: tinygrad_ckpt/torch_bridge.py (TorchGPT, run_blocks, SavedBytes, like_for_like),
+tinygrad_ckpt/planner.py (plan_chain), tinygrad_ckpt/checkpoint.py (the policies).
+
+Run: python lessons/11_taking_the_plan_to_pytorch.py [--quick] [--out figures]
+(needs the optional extra: pip install -e ".[torch]"; without torch the lesson says so and skips.)
+Figure: {out}/11_taking_the_plan_to_pytorch.png (activation peak per plan: the ledger, PyTorch raw and like for
+like; seconds per step in both).
+"""
+
+from __future__ import annotations
+
+import time
+
+import _common as C
+import numpy as np
+
+import tinygrad_ckpt as tg
+from tinygrad_ckpt import planner, plots
+
+SLUG = "11_taking_the_plan_to_pytorch"
+
+
+def layer_costs(led, n_layer: int, input_bytes: int) -> list[planner.LayerCost]:
+    """The planner's costs from a plain step: forward FLOPs and saved bytes of each block, and its input."""
+    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
+    return [planner.LayerCost(flops[f"transformer.h.{k}"], saved[f"transformer.h.{k}"], input_bytes)
+            for k in range(n_layer)]
+
+
+def engine_step(model, idx):
+    """The ledger of one forward + backward of the engine's GPT."""
+    C.fresh()
+    with tg.Ledger() as led:
+        _, loss = model(idx, idx)
+        loss.backward()
+    model.zero_grad()
+    return led
+
+
+def seconds(step, repeats: int) -> float:
+    """The fastest of `repeats` runs of step() (no ledger, no meter: their bookkeeping is not the plan's cost)."""
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def main(quick: bool = False, out: str = "figures") -> dict:
+    print("Lesson 11: taking the plan to PyTorch")
+    try:
+        import torch  # noqa: F401
+
+        from tinygrad_ckpt import torch_bridge as tb
+    except ImportError as exc:
+        reason = f"PyTorch is not installed ({exc}); install the optional extra: pip install -e \".[torch]\""
+        print(f"skipped: {reason}")
+        return {"skipped": reason, "figures": []}
+
+    V, T, L, H, D, B, p = (64, 32, 4, 4, 64, 4, 0.1) if quick else (256, 128, 8, 8, 256, 8, 0.1)
+    model = C.make_gpt(V, T, L, H, D, dropout=p)
+    idx, _ = C.token_batch(V, B, T)
+    print(f"GPT: {L} layers, d = {D}, {H} heads, T = {T}, B = {B}, dropout {p}, float32, on the CPU")
+
+    C.heading("1. The planner's plan for a budget, from this engine's measured costs")
+    led = engine_step(model, idx)
+    costs = layer_costs(led, L, B * T * D * 4)
+    plain = sum(c.saved_bytes for c in costs)
+    budget = int(0.45 * plain)
+    plan = planner.plan_chain(costs, budget, max_depth=1)
+    print(f"the blocks save {C.format_bytes(plain)} when nothing is checkpointed; budget 45% of that, "
+          f"{C.format_bytes(budget)}:\nplan_chain -> {plan.describe()} (predicted peak "
+          f"{C.format_bytes(plan.predicted_peak_bytes)}, recompute {plan.predicted_recompute_flops:.3g} FLOPs)")
+
+    C.heading("2. The same plans in this engine and in PyTorch, measured")
+    plans = {"none": None, "every layer": "every_layer", "√n segments": "sqrt", "planner": plan,
+             "selective (K22)": tg.korthikanti_selective}
+    torch_model = tb.TorchGPT.from_engine(model)
+    ids = torch.as_tensor(idx)
+
+    def engine_run():
+        _, loss = model(idx, idx)
+        loss.backward()
+        model.zero_grad()
+
+    def torch_run():
+        _, loss = torch_model(ids, ids)
+        loss.backward()
+        torch_model.zero_grad()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny matrices, as NumPy here (lessons run BLAS single-threaded): a like-for-like time
+    rows, results = [], {}
+    for label, spec in plans.items():
+        model.checkpoint = torch_model.checkpoint = spec
+        engine = engine_step(model, idx).peak_bytes("activation")
+        step = tb.measure_step(torch_model, idx, idx)
+        terms = step.like_for_like()
+        engine_seconds, torch_seconds = seconds(engine_run, 3), seconds(torch_run, 3)
+        results[label] = dict(engine=engine, engine_seconds=engine_seconds, torch=step.peak,
+                              torch_seconds=torch_seconds, **terms)
+        rows.append((label, f"{engine:,}", f"{step.peak:,}", f"{step.peak / engine - 1:+.1%}",
+                     f"{terms['per_holder'] - terms['regenerated'] - terms['peak']:+,}",
+                     f"{terms['noise_elements'] - terms['noise']:+,}", f"{terms['regenerated']:+,}",
+                     f"{-terms['dead_cache']:+,}", f"{terms['comparable']:,}",
+                     f"{terms['comparable'] / engine - 1:+.2%}",
+                     f"{engine_seconds * 1e3:.1f}", f"{torch_seconds * 1e3:.1f}"))
+    torch.set_num_threads(threads)
+    print(C.table(rows, ["plan", "ledger (B)", "PyTorch (B)", "raw", "layer norm", "noise", "masks kept", "dead cache",
+                         "like for like", "vs ledger", "ours ms", "torch ms"]))
+    print("(each column between 'raw' and 'like for like' is measured in PyTorch's step: 'layer norm' counts a\n"
+          "storage once per kind of holder, so the block input a replayed layer norm keeps again counts as the\n"
+          "engine's own normalised array does; 'noise' turns CPU dropout's float noise into a 1-byte mask per\n"
+          "element, as this engine and CUDA dropout keep; 'masks kept' adds, while a block waits for its replay, the\n"
+          "1-byte masks of the dropouts the selective policy keeps, which PyTorch cannot cache (an in-place random\n"
+          "op) and draws again in the replay; 'dead cache' removes what selective checkpointing cached and backward\n"
+          "never reads)")
+    worst = max(abs(r["comparable"] / r["engine"] - 1) for r in results.values())
+    print(f"\nlike for like, PyTorch and the ledger agree within {worst:.2%} for every plan.")
+    base_e, base_t = results["none"]["engine_seconds"], results["none"]["torch_seconds"]
+    for label in ("every layer", "planner"):
+        r = results[label]
+        print(f"{label}: activation peak {r['engine'] / results['none']['engine']:.0%} of the plain run here, "
+              f"{r['torch'] / results['none']['torch']:.0%} in PyTorch; step time ×{r['engine_seconds'] / base_e:.2f} "
+              f"here, ×{r['torch_seconds'] / base_t:.2f} in PyTorch")
+
+    path = C.fig_path(out, f"{SLUG}.png")
+    fig, (ax, ax2) = plots.new_figure(1, 2, figsize=(13, 4.8), gridspec_kw={"width_ratios": [2.2, 1]})
+    labels = list(results)
+    x = np.arange(len(labels))
+    width = 0.27
+    series = (("engine", "ledger (this engine)", "#1f77b4"), ("torch", "PyTorch, raw", "#d62728"),
+              ("comparable", "PyTorch, like for like", "#ff9896"))
+    for i, (key, name, color) in enumerate(series):
+        values = [results[lbl][key] / 2**20 for lbl in labels]
+        ax.bar(x + (i - 1) * width, values, width, label=name, color=color)
+    ax.set_xticks(x)
+    ax.set_xticklabels([lbl if lbl != "planner" else f"planner\n≤ {C.format_bytes(budget)}" for lbl in labels],
+                       fontsize=8)
+    ax.set_ylabel("activation peak of one step (MiB)")
+    ax.set_title("what each plan keeps for backward", fontsize=10)
+    ax.legend(fontsize=8, frameon=False)
+    ax.grid(axis="y", alpha=0.3)
+    for i, (key, name, color) in enumerate((("engine_seconds", "this engine (NumPy)", "#1f77b4"),
+                                            ("torch_seconds", "PyTorch (CPU)", "#d62728"))):
+        ax2.bar(x + (i - 0.5) * 0.38, [results[lbl][key] * 1e3 for lbl in labels], 0.38, label=name, color=color)
+    ax2.set_xticks(x)
+    ax2.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
+    ax2.set_ylabel("forward + backward (ms, fastest of 3)")
+    ax2.set_title("time of one step", fontsize=10)
+    ax2.legend(fontsize=8, frameon=False)
+    ax2.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"The same plans in this engine and in PyTorch ({L} layers, d={D}, T={T}, B={B}, dropout {p})",
+                 fontsize=10)
+    plots.save(fig, path)
+    print(f"\nfigure: {path}")
+    return {"plan": plan.describe(), "budget": budget, "results": results, "worst_like_for_like": worst,
+            "figures": [path]}
+
+
+if __name__ == "__main__":
+    C.cli(main, __doc__)

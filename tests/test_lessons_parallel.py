@@ -1,0 +1,73 @@
+"""Lessons 11 (the plan taken to PyTorch) and 12 (one GPU is not enough) run in quick mode into a temporary
+folder; the claims they print are asserted from the numbers they return."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt import figures
+
+GB = 10**9
+
+
+def _run(stem: str, out: pathlib.Path) -> dict:
+    result = figures.load_lesson(figures.lessons_dir() / f"{stem}.py").main(quick=True, out=str(out))
+    for path in result["figures"]:
+        p = pathlib.Path(path)
+        assert p.parent == out and p.name.startswith(stem) and p.stat().st_size > 10_000, path
+    return result
+
+
+def test_lesson_11_plans_carry_over_to_pytorch(tmp_path):
+    pytest.importorskip("torch", reason="lesson 11 needs the optional extra torch")
+    r = _run("11_taking_the_plan_to_pytorch", tmp_path)
+    assert len(r["figures"]) == 1
+    results = r["results"]
+    assert set(results) == {"none", "every layer", "√n segments", "planner", "selective (K22)"}
+    for label, row in results.items():
+        assert abs(row["comparable"] / row["engine"] - 1) < 0.02, (label, row)
+        assert row["engine_seconds"] > 0 and row["torch_seconds"] > 0
+    # the planner's plan fits its budget in both, and saves what it says in PyTorch too
+    assert results["planner"]["engine"] < results["none"]["engine"]
+    assert results["planner"]["torch"] < results["none"]["torch"]
+    assert r["worst_like_for_like"] < 0.02
+
+
+def test_lesson_11_skips_cleanly_without_torch(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    module = figures.load_lesson(figures.lessons_dir() / "11_taking_the_plan_to_pytorch.py")
+    result = module.main(quick=True, out=str(tmp_path))
+    assert result["figures"] == [] and "pip install" in result["skipped"]
+    assert "skipped" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_lesson_12_per_device_plans_and_table_2(tmp_path):
+    r = _run("12_when_one_gpu_is_not_enough", tmp_path)
+    c = r["config"]
+    assert (c["d_model"], c["n_head"], c["seq_len"], c["batch"], c["tensor"]) == (4096, 32, 2048, 4, 8)
+    runs = r["runs"]
+    act = {label: run["category_peaks"]["activation"] for label, run in runs.items()}
+    assert act["TP + SP"] < act["TP"] and act["TP + selective"] < act["TP"]
+    assert act["TP + SP + selective"] < min(act["TP + SP"], act["TP + selective"])
+    for label, run in runs.items():
+        assert run["fits"] == (run["peak"] <= 80 * GB)
+        if run["comparison"] is not None:
+            assert run["comparison"].unexplained == 0, label
+    s, b, h = c["seq_len"], c["batch"], c["d_model"]
+    assert runs["TP + SP + selective"]["comparison"].formula == 34 * s * b * h // 8
+    assert runs["TP"]["comparison"].formula == sum(est.korthikanti_parallel_terms(s, b, h, 32, 8).values())
+    # a larger batch never fits where a smaller one does not
+    assert r["largest_batch"]["TP + SP + selective"] >= r["largest_batch"]["TP"]

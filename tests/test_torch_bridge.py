@@ -1,0 +1,122 @@
+"""tinygrad_ckpt.torch_bridge: the engine's plans and policies applied to a PyTorch GPT, and what PyTorch keeps
+for backward (measured per storage) against the engine's ledger, NumPy and meta."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install -e '.[torch]')")
+
+import tinygrad_ckpt as tg  # noqa: E402
+from tinygrad_ckpt import backend, nn, planner  # noqa: E402
+from tinygrad_ckpt import torch_bridge as tb  # noqa: E402
+
+VOCAB, T, B, L, H, D = 64, 32, 4, 4, 4, 64
+PLANS = {"none": None, "every_layer": "every_layer", "sqrt": "sqrt", "korthikanti_selective": tg.korthikanti_selective}
+
+
+def _engine_peak(dropout: float, spec, backend_name: str) -> int:
+    """The ledger's activation peak of one forward + backward of the engine's GPT on a backend."""
+    previous = backend.current().name
+    backend.use_backend(backend_name)
+    try:
+        tg.manual_seed(0)
+        model = nn.GPT(VOCAB, T, L, H, D, dropout=dropout, checkpoint=spec)
+        idx = backend.current().asarray(np.random.default_rng(0).integers(0, VOCAB, (B, T)))
+        with tg.Ledger() as led:
+            _, loss = model(idx, idx)
+            loss.backward()
+        return led.peak_bytes("activation")
+    finally:
+        backend.use_backend(previous)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_pytorch_saved_bytes_agree_with_the_ledger_within_2_percent(plan, dropout):
+    spec = PLANS[plan]
+    engine = _engine_peak(dropout, spec, "numpy")
+    assert _engine_peak(dropout, spec, "meta") == engine  # the meta ledger counts the same bytes
+    tg.manual_seed(0)
+    torch_model = tb.TorchGPT.from_engine(nn.GPT(VOCAB, T, L, H, D, dropout=dropout), checkpoint=spec)
+    idx = np.random.default_rng(0).integers(0, VOCAB, (B, T))
+    step = tb.measure_step(torch_model, idx, idx)
+    terms = step.like_for_like()
+    assert abs(terms["comparable"] / engine - 1) < 0.02, (plan, dropout, engine, terms)
+    # each adjustment is a measured term that exists only where its reason does
+    assert (terms["noise"] > 0) == (dropout > 0)  # CPU dropout keeps float noise, 4 bytes an element
+    assert terms["noise"] == 4 * terms["noise_elements"]
+    assert (terms["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective checkpointing caches
+    # ... and only it draws again the noise of a dropout its policy keeps
+    assert (terms["regenerated"] > 0) == (plan == "korthikanti_selective" and dropout > 0)
+    assert (terms["per_holder"] > terms["peak"]) == (spec is not None)  # layer norm keeps the checkpoint's input
+    if spec is None and dropout == 0:
+        assert abs(step.peak / engine - 1) < 0.02  # raw, no adjustment needed
+
+
+def test_plans_change_memory_not_results():
+    tg.manual_seed(0)
+    engine = nn.GPT(VOCAB, T, L, H, D)
+    idx = np.random.default_rng(1).integers(0, VOCAB, (B, T))
+    _, loss = engine(idx, idx)
+    loss.backward()
+    grads = {n: p.grad for n, p in engine.named_parameters()}
+    peaks = {}
+    for name, spec in {**PLANS, "save_matmuls": tg.save_matmuls, "2 segments": 2,
+                       "plan": planner.sequential_plan(L, 2, last_plain=True)}.items():
+        model = tb.TorchGPT.from_engine(engine, checkpoint=spec)
+        step = tb.measure_step(model, idx, idx)
+        assert step.loss == pytest.approx(loss.item(), rel=1e-5)
+        for n, p in model.named_parameters():
+            np.testing.assert_allclose(p.grad.numpy(), grads[n], rtol=2e-4, atol=2e-6, err_msg=f"{name}: {n}")
+        assert 0 < step.after_forward <= step.peak
+        peaks[name] = step.peak
+    assert peaks["every_layer"] < peaks["sqrt"] < peaks["korthikanti_selective"] < peaks["none"]
+
+
+def test_weights_copy_both_ways():
+    tg.manual_seed(3)
+    engine = nn.GPT(VOCAB, T, 2, H, D)
+    model = tb.TorchGPT.from_engine(engine)
+    state = model.engine_state()
+    assert set(state) == set(engine.state_dict())
+    with torch.no_grad():
+        model.transformer.h[1].mlp.c_fc.weight.mul_(2)
+    tg.manual_seed(4)
+    other = nn.GPT(VOCAB, T, 2, H, D)
+    other.load_state_dict(model.engine_state())
+    np.testing.assert_array_equal(other.state_dict()["transformer.h.1.mlp.c_fc.weight"],
+                                  2 * engine.state_dict()["transformer.h.1.mlp.c_fc.weight"])
+    with pytest.raises(KeyError, match="missing"):
+        model.load_engine_state({})
+
+
+def test_aten_ops_get_the_engine_names_the_policies_decide_on():
+    aten = torch.ops.aten
+    assert tb.engine_op(aten.addmm.default, "transformer.h.0.attn.c_attn") == (
+        "linear", "transformer.h.0.attn.c_attn.linear")
+    assert tb.engine_op(aten.bmm.default, "transformer.h.0.attn") == ("matmul", "transformer.h.0.attn.matmul")
+    assert tb.engine_op(aten._softmax.default, "transformer.h.2.attn") == ("softmax", "transformer.h.2.attn.softmax")
+    assert tb.engine_op(aten.transpose.int, "transformer.h.0.attn") == ("reshape", "transformer.h.0.attn.reshape")
+    assert tb.engine_op(aten.bernoulli_.float, "transformer.h.0.mlp.dropout")[0] == "dropout"
+    assert not tg.korthikanti_selective.decide(*tb.engine_op(aten._softmax.default, "transformer.h.0.attn")).save
+    assert tg.korthikanti_selective.decide(*tb.engine_op(aten.gelu.default, "transformer.h.0.mlp")).save
+    assert tg.save_matmuls.decide(*tb.engine_op(aten.addmm.default, "transformer.h.0.mlp.c_fc")).save
+
+
+@pytest.mark.parametrize("spec", ["every_other", 0, 9, True, planner.sequential_plan(2, 1)])
+def test_a_bad_plan_is_refused_by_name(spec):
+    tg.manual_seed(0)
+    model = tb.TorchGPT.from_engine(nn.GPT(VOCAB, T, L, H, D), checkpoint=spec)
+    idx = np.zeros((1, T), dtype=np.int64)
+    with pytest.raises(ValueError, match="checkpoint"):
+        tb.measure_step(model, idx, idx)
+    model.checkpoint = "every_layer"  # works as before after the error
+    assert tb.measure_step(model, idx, idx).peak > 0
+
+
+def test_one_meter_at_a_time():
+    with tb.SavedBytes(), pytest.raises(RuntimeError, match="one meter"):
+        tb.SavedBytes().__enter__()
+    assert tb.SavedBytes.active is None

@@ -1,0 +1,609 @@
+"""This engine's checkpoint plans applied to a PyTorch GPT, and what PyTorch keeps for backward, measured.
+
+    model = TorchGPT.from_engine(gpt)           # nanoGPT's modules, the engine GPT's weights and names
+    model.checkpoint = "every_layer"             # the same switch as nn.GPT(checkpoint=...)
+    step = measure_step(model, idx, targets)     # one forward + backward, what PyTorch kept measured
+    step.peak, step.like_for_like()              # raw, and set beside the ledger term by term
+
+Plans ("every_layer", "sqrt", k segments, a planner Plan) run their checkpointed segments with
+`torch.utils.checkpoint.checkpoint(use_reentrant=False)`. A `Policy` (tg.save_matmuls,
+tg.korthikanti_selective, ...) checkpoints every block with selective activation checkpointing
+(`create_selective_checkpoint_contexts`): each aten op is given the engine's op kind (aten.addmm in a Linear
+is "linear", aten.bmm is "matmul", aten.native_layer_norm "layer_norm", ...) and the scoped name it would have
+in this engine ("transformer.h.3.attn.softmax"), and the engine's policy decides save or recompute.
+
+`SavedBytes` counts what PyTorch holds for backward over the step, each storage once (by
+untyped_storage().data_ptr(), nbytes), from when it is kept until autograd lets it go: tensors packed by
+`torch.autograd.graph.saved_tensors_hooks` outside checkpointed segments; inside them, the tensors the replay
+rebuilds (held from the replay until backward reads them) and the outputs selective checkpointing caches in
+forward (held until the replay takes them). Parameters are not counted. This is the number to set beside the
+ledger's activation bytes.
+
+Nothing else in the package imports this module; it needs the optional extra `pip install -e ".[torch]"`.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.utils import checkpoint as torch_checkpoint
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+
+from . import planner
+from .checkpoint import Policy
+
+aten = torch.ops.aten
+
+
+# ---- a nanoGPT in PyTorch, named and shaped as this engine's nn.GPT -----------------------------------------
+class CausalSelfAttention(torch.nn.Module):
+    """As nn.CausalSelfAttention: fused c_attn, explicit q kᵀ·scale, causal masked_fill, softmax, dropout
+    called directly in this module (so its ops are "transformer.h.i.attn.dropout", the attention core), @ v."""
+
+    def __init__(self, d_model: int, n_head: int, dropout: float):
+        super().__init__()
+        self.c_attn = torch.nn.Linear(d_model, 3 * d_model)
+        self.c_proj = torch.nn.Linear(d_model, d_model)
+        self.resid_dropout = torch.nn.Dropout(dropout)
+        self.n_head, self.dropout = n_head, dropout
+
+    def forward(self, x):
+        B, T, C = x.shape
+        H = self.n_head
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q = q.view(B, T, H, C // H).transpose(1, 2)  # [B, H, T, hd]
+        k = k.view(B, T, H, C // H).transpose(1, 2)
+        v = v.view(B, T, H, C // H).transpose(1, 2)
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // H))  # [B, H, T, T]
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
+        att = F.softmax(att.masked_fill(mask, float("-inf")), dim=-1)
+        att = F.dropout(att, self.dropout, self.training)
+        y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)  # [B, T, C]
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, d_model: int, dropout: float):
+        super().__init__()
+        self.c_fc = torch.nn.Linear(d_model, 4 * d_model)
+        self.c_proj = torch.nn.Linear(4 * d_model, d_model)
+        self.dropout = torch.nn.Dropout(dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(torch.nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float):
+        super().__init__()
+        self.ln_1 = torch.nn.LayerNorm(d_model)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout)
+        self.ln_2 = torch.nn.LayerNorm(d_model)
+        self.mlp = MLP(d_model, dropout)
+
+    def forward(self, x):
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class TorchGPT(torch.nn.Module):
+    """nanoGPT (learned positions, tied lm_head, exact GELU) with the parameter names of nn.GPT's state_dict.
+    `checkpoint`: None, "every_layer", "sqrt", a number of segments, a planner Plan or a Policy (see
+    `run_blocks`)."""
+
+    def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
+                 dropout: float = 0.0, checkpoint=None):
+        super().__init__()
+        self.transformer = torch.nn.ModuleDict(dict(
+            wte=torch.nn.Embedding(vocab_size, d_model),
+            wpe=torch.nn.Embedding(block_size, d_model),
+            drop=torch.nn.Dropout(dropout),
+            h=torch.nn.ModuleList([Block(d_model, n_head, dropout) for _ in range(n_layer)]),
+            ln_f=torch.nn.LayerNorm(d_model),
+        ))
+        self.lm_head = torch.nn.Linear(d_model, vocab_size, bias=False)
+        self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
+        self.checkpoint = checkpoint
+        for name, module in self.named_modules():  # each module's scoped name, as the engine names its ops
+            module.scope = name  # "transformer.h.3.attn", as the engine names the ops a module runs
+
+    @classmethod
+    def from_engine(cls, gpt, checkpoint=None) -> TorchGPT:
+        """A TorchGPT with the shapes, dropout and (copied) weights of an engine nn.GPT."""
+        wte, wpe = gpt.transformer.wte.weight, gpt.transformer.wpe.weight
+        block = gpt.transformer.h[0]
+        model = cls(wte.shape[0], wpe.shape[0], len(gpt.transformer.h), block.attn.n_heads, wte.shape[1],
+                    dropout=block.attn.dropout, checkpoint=checkpoint)
+        model.load_engine_state(gpt.state_dict())
+        return model
+
+    def load_engine_state(self, state: dict) -> None:
+        """Copy an engine state_dict ({name: NumPy array}) into this model (names are the same)."""
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise KeyError(f"TorchGPT.load_engine_state: missing {missing}")
+        with torch.no_grad():
+            for name, value in state.items():
+                if name not in own:
+                    raise KeyError(f"TorchGPT.load_engine_state: unexpected key {name!r}")
+                own[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+    def engine_state(self) -> dict:
+        """{name: NumPy array}: loads into an engine nn.GPT with load_state_dict."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        tr = self.transformer
+        x = tr.drop(tr.wte(idx) + tr.wpe(torch.arange(T, device=idx.device)))
+        x = tr.ln_f(run_blocks(list(tr.h), x, self.checkpoint))
+        logits = self.lm_head(x)
+        loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+        return logits, loss
+
+
+# ---- plans and policies ---------------------------------------------------------------------------------
+def run_blocks(blocks, x, spec):
+    """Run `blocks` over x as the engine's GPT(checkpoint=spec) would: None (plainly), "every_layer", "sqrt",
+    an int k (k segments), a planner Plan (nested plans nest checkpoints) or a Policy (every block
+    checkpointed with selective activation checkpointing deciding op by op)."""
+    if spec is None:
+        for block in blocks:
+            x = block(x)
+        return x
+    if isinstance(spec, Policy):
+        for block in blocks:
+            x = torch_checkpoint.checkpoint(_Region([block]), x, use_reentrant=False,
+                                            context_fn=lambda: selective_contexts(spec))
+        return x
+    return _run_plan(blocks, x, plan_for(len(blocks), spec))
+
+
+def plan_for(n: int, spec) -> planner.Plan:
+    """The planner Plan that a checkpoint switch names for n blocks (as tinygrad_ckpt.checkpoint.run_checkpointed)."""
+    if isinstance(spec, planner.Plan):
+        if (spec.start, spec.stop) != (0, n):
+            raise ValueError(f"checkpoint plan {spec} does not cover the model's {n} blocks [0:{n})")
+        return spec
+    if spec == "every_layer":
+        return planner.every_layer_plan(n)
+    if spec == "sqrt":
+        return planner.sqrt_plan(n)
+    if isinstance(spec, int) and not isinstance(spec, bool) and 1 <= spec <= n:
+        return planner.sequential_plan(n, spec)
+    raise ValueError(f"TorchGPT(checkpoint={spec!r}): use None, 'every_layer', 'sqrt', a number of segments "
+                     f"from 1 to {n}, a planner Plan or a Policy such as tinygrad_ckpt.korthikanti_selective")
+
+
+def _run_plan(blocks, x, plan: planner.Plan):
+    for seg in plan.segments:
+        chunk = blocks[seg.start:seg.stop]
+        if not seg.checkpoint:
+            for block in chunk:
+                x = block(x)
+        else:
+            inner = None if seg.inner is None else _shifted(seg.inner, seg.start)
+            x = torch_checkpoint.checkpoint(_Region(chunk, inner), x, use_reentrant=False)
+    return x
+
+
+def _shifted(plan: planner.Plan, offset: int) -> planner.Plan:
+    return planner.Plan([planner.Segment(s.start - offset, s.stop - offset, s.checkpoint,
+                                         None if s.inner is None else _shifted(s.inner, offset))
+                         for s in plan.segments])
+
+
+class _Region:
+    """The function a torch checkpoint runs: blocks (by an inner plan, if any). Its first call is the forward;
+    later calls are replays. While a `SavedBytes` meter is active it reports what the region keeps."""
+
+    def __init__(self, blocks, inner: planner.Plan | None = None):
+        self.blocks, self.inner, self.calls = blocks, inner, 0
+
+    def __call__(self, x):
+        replay, self.calls = self.calls > 0, self.calls + 1
+        meter = SavedBytes.active
+        if meter is None:
+            return self._run(x)
+        if not replay:  # what selective checkpointing caches here and no replay takes back goes with the region
+            self.cached, self.regenerated = [], []
+            weakref.finalize(self, meter.release_all, self.cached)
+            weakref.finalize(self, meter.release_all, self.regenerated)
+        else:  # the replay draws the dropout noise again: the masks counted in its place are done
+            meter.release_all(self.regenerated)
+        outer, meter.region = meter.region, self
+        try:
+            with meter.inside_region(replay):
+                return self._run(x)
+        finally:
+            meter.region = outer
+
+    def _run(self, x):
+        if self.inner is not None:
+            return _run_plan(self.blocks, x, self.inner)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+# aten op -> the engine's op kind (inside a Linear module, a matrix product is "linear")
+_KINDS = {
+    aten.addmm.default: "matmul", aten.mm.default: "matmul", aten.bmm.default: "matmul",
+    aten.native_layer_norm.default: "layer_norm", aten.gelu.default: "gelu", aten._softmax.default: "softmax",
+    aten.masked_fill.Scalar: "masked_fill", aten.add.Tensor: "add", aten.mul.Tensor: "mul",
+    aten.native_dropout.default: "dropout", aten.bernoulli_.float: "dropout", aten.div_.Scalar: "dropout",
+    aten.empty_like.default: "dropout", aten.embedding.default: "embedding",
+}
+_ALIASES = {aten.view.default, aten._unsafe_view.default, aten.transpose.int, aten.t.default, aten.split.Tensor,
+            aten.expand.default, aten.slice.Tensor, aten.permute.default, aten.split_with_sizes.default}
+_VIEW_KINDS = _ALIASES | {aten.clone.default, aten.reshape.default}  # the engine's reshape may copy, as clone
+
+
+def engine_op(op, scope: str) -> tuple[str, str]:
+    """(op kind, scoped name) of an aten op as this engine names it: aten.addmm in "transformer.h.0.attn.c_attn"
+    is ("linear", "transformer.h.0.attn.c_attn.linear"); aten.bmm in "transformer.h.0.attn" is ("matmul",
+    "transformer.h.0.attn.matmul"); a view or
+    a copy for a view is "reshape"; inside a Dropout module everything is "dropout"."""
+    last = scope.rsplit(".", 1)[-1]
+    if op in _VIEW_KINDS:
+        kind = "reshape"
+    elif last in ("drop", "dropout", "resid_dropout") and op in _KINDS:
+        kind = "dropout"
+    else:
+        kind = _KINDS.get(op, str(op.overloadpacket.__name__))
+        if kind == "matmul" and (last.startswith("c_") or last == "lm_head"):
+            kind = "linear"
+    return kind, f"{scope}.{kind}" if scope else kind
+
+
+def _current_scope() -> str:
+    return _SCOPE[-1] if _SCOPE else ""
+
+
+_SCOPE: list[str] = []  # the scoped names of the modules running now (kept by SavedBytes' module hooks)
+
+
+def selective_contexts(policy: Policy):
+    """create_selective_checkpoint_contexts with the engine's policy deciding each aten op (by its engine op
+    kind and scoped name; views are recomputed), plus, under a SavedBytes meter, an observer that counts what
+    the cache keeps."""
+    def decide(ctx, op, *args, **kwargs):
+        kind, name = engine_op(op, _current_scope())
+        mutable = op.overloadpacket.__name__.endswith("_") or op is aten.empty_like.default  # dropout's noise
+        save = kind != "reshape" and not mutable and policy.decide(kind, name).save
+        return torch_checkpoint.CheckpointPolicy.MUST_SAVE if save else \
+            torch_checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+    forward, recompute = torch_checkpoint.create_selective_checkpoint_contexts(decide)
+    meter = SavedBytes.active
+    if meter is None:
+        return forward, recompute
+    return (_Both(forward, _CacheObserver(meter, decide, False, policy)),
+            _Both(recompute, _CacheObserver(meter, decide, True, policy)))
+
+
+class _Both:
+    """Enter two context managers, the first outermost."""
+
+    def __init__(self, outer, inner):
+        self.outer, self.inner = outer, inner
+
+    def __enter__(self):
+        self.outer.__enter__()
+        self.inner.__enter__()
+
+    def __exit__(self, *exc):
+        self.inner.__exit__(*exc)
+        return self.outer.__exit__(*exc)
+
+
+class _CacheObserver(TorchDispatchMode):
+    """Runs above selective checkpointing's caching mode: in forward, the outputs of the ops it caches are
+    held (until the replay); in the replay they are handed back (no longer held by the cache)."""
+
+    def __init__(self, meter: SavedBytes, decide, replay: bool, policy: Policy):
+        super().__init__()
+        self.meter, self.decide, self.replay, self.policy = meter, decide, replay, policy
+
+    def keeps_dropout(self) -> bool:
+        return self.policy.decide(*engine_op(aten.native_dropout.default, _current_scope())).save
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        cached = self.decide(None, func) == torch_checkpoint.CheckpointPolicy.MUST_SAVE
+        if cached:
+            for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                if isinstance(t, torch.Tensor):
+                    if self.replay:
+                        self.meter.release_tensor(t, "cached")
+                    else:
+                        self.meter.region.cached.append(self.meter.hold(t, "cached"))
+        elif not self.replay and func is aten.bernoulli_.float and self.keeps_dropout():
+            # dropout noise for a dropout the policy keeps: an in-place random op cannot be cached, so PyTorch
+            # regenerates it in the replay; the engine keeps it as a 1-byte mask (counted per holder only)
+            self.meter.region.regenerated.append(self.meter.hold_mask(args[0]))
+        elif not self.replay and func not in _ALIASES and func is not aten.empty_like.default:
+            # an op the replay will run again reads its inputs (a view or empty_like reads no data); noted in forward,
+            # while every cached storage is alive and its address its own
+            for a in (*args, *(kwargs or {}).values()):
+                if isinstance(a, torch.Tensor):
+                    self.meter.read(a.untyped_storage().data_ptr())
+        return out
+
+
+# ---- the meter --------------------------------------------------------------------------------------------
+@dataclass
+class Kept:
+    """One storage PyTorch kept for backward: where (scoped module name), its dtype, shape, bytes, and how
+    (saved: by an autograd node outside checkpoints; recomputed: by a checkpoint replay; cached: by selective
+    checkpointing, from forward to the replay)."""
+
+    scope: str
+    dtype: str
+    shape: tuple
+    nbytes: int
+    how: str
+    requires_grad: bool
+    ptr: int = 0
+    noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
+    needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
+
+
+@dataclass
+class SavedBytes:
+    """Live bytes kept for backward, each storage counted once while any holder keeps it, and their peak.
+
+    A second count, `per_holder`, counts a storage once per kind of holder (saved / recomputed / cached): where
+    a replayed op keeps a tensor the checkpoint already holds (PyTorch's layer norm keeps its input, the block
+    input), it is counted twice, as in an engine whose op keeps its own array; and where selective checkpointing
+    regenerates the noise of a dropout the policy keeps (an in-place random op cannot be cached), it counts the
+    1-byte mask the engine keeps (hold_mask). Each count notes what was live at its peak."""
+
+    exclude: set = field(default_factory=set)  # storage pointers not to count (the parameters)
+    live: int = 0
+    peak: int = 0
+    at_peak: list = field(default_factory=list)  # Kept records live at the peak
+    live_per_holder: int = 0
+    peak_per_holder: int = 0
+    at_peak_per_holder: list = field(default_factory=list)  # (Kept, how) pairs live at that peak
+    after_forward: int = 0
+    kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
+    _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
+    _live: dict = field(default_factory=dict)  # ptr -> Kept
+    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> (Kept, how)
+    _masks: int = 0  # masks counted in PyTorch's place (hold_mask)
+
+    region: object = None  # the checkpointed region running now
+    active = None  # class attribute: the meter measuring now (one at a time)
+
+    def hold(self, t: torch.Tensor, how: str) -> tuple | None:
+        """Count t's storage as kept by one more holder of kind `how`; returns the key to release it with."""
+        storage = t.untyped_storage()
+        ptr, nbytes = storage.data_ptr(), storage.nbytes()
+        if ptr in self.exclude or nbytes == 0:
+            return None
+        if how == "saved":
+            self.read(ptr)  # an autograd node keeps it: backward reads it
+        if ptr not in self._live:
+            record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes, how,
+                          t.requires_grad, ptr, _is_noise(t), needed=how != "cached")
+            self._live[ptr] = record
+            self.kept.append(record)
+            self.live += nbytes
+            if self.live > self.peak:
+                self.peak, self.at_peak = self.live, list(self._live.values())
+        if (ptr, how) not in self._live_per_holder:
+            self._live_per_holder[ptr, how] = (self._live[ptr], how)
+            self.live_per_holder += nbytes
+            if self.live_per_holder > self.peak_per_holder:
+                self.peak_per_holder = self.live_per_holder
+                self.at_peak_per_holder = list(self._live_per_holder.values())
+        self._refs[ptr, how] += 1
+        return ptr, how
+
+    def hold_mask(self, noise: torch.Tensor) -> tuple:
+        """Count, in the per-holder count only, the 1-byte mask the engine keeps where PyTorch regenerates
+        `noise` in the replay; returns the key to release it with."""
+        self._masks += 1
+        key = (-self._masks, "regenerated")
+        record = Kept(_current_scope(), "bool", tuple(noise.shape), noise.numel(), "regenerated", False, key[0])
+        self._live_per_holder[key] = (record, "regenerated")
+        self._refs[key] += 1
+        self.live_per_holder += record.nbytes
+        if self.live_per_holder > self.peak_per_holder:
+            self.peak_per_holder = self.live_per_holder
+            self.at_peak_per_holder = list(self._live_per_holder.values())
+        return key
+
+    def read(self, ptr: int) -> None:
+        """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
+        if ptr in self._live:
+            self._live[ptr].needed = True
+
+    def release(self, key: tuple | None) -> None:
+        if key is None:
+            return
+        self._refs[key] -= 1
+        if self._refs[key]:
+            return
+        del self._refs[key]
+        self.live_per_holder -= self._live_per_holder.pop(key)[0].nbytes
+        ptr = key[0]
+        if key[1] == "regenerated":
+            return
+        if not any((ptr, how) in self._refs for how in ("saved", "recomputed", "cached")):
+            self.live -= self._live.pop(ptr).nbytes
+
+    def release_tensor(self, t: torch.Tensor, how: str) -> None:
+        """The cache handed t back to a replay: no longer held by it."""
+        key = t.untyped_storage().data_ptr(), how
+        if key in self._refs and key in self.region.cached:
+            self.region.cached.remove(key)
+            self.release(key)
+
+    def release_all(self, keys: list) -> None:
+        """A checkpointed region is gone: what its cache still held (its replay stopped early) goes with it."""
+        for key in keys:
+            self.release(key)
+        keys.clear()
+
+    # saved-tensor hooks: outside regions the packed tensor is held by its slot; inside a region's forward the
+    # checkpoint's hook below drops it (the slot learns at unpack which replayed tensor it stood for); inside a
+    # replay the tensor is held until the forward's slot for it is read and let go
+    def _pack(self, x):
+        return _Slot(self, x, self.hold(x, "saved"))
+
+    def inside_region(self, replay: bool):
+        below = torch._C._autograd._top_saved_tensors_default_hooks(False)
+        if below is None:
+            raise RuntimeError("SavedBytes: a checkpointed region runs without the checkpoint's saved-tensor hooks")
+        pack_below, unpack_below = below
+
+        def pack(x):
+            packed = pack_below(x)
+            if replay:
+                return _Slot(self, packed, self.hold(x, "recomputed"), owns=False)
+            self.read(x.untyped_storage().data_ptr())  # a node keeps it: a cached storage is needed
+            return _Slot(self, packed, None, below=unpack_below)
+
+        return torch.autograd.graph.saved_tensors_hooks(pack, _Slot.unpack)
+
+    def __enter__(self):
+        if SavedBytes.active is not None:
+            raise RuntimeError("SavedBytes: one meter at a time")
+        SavedBytes.active = self
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, _Slot.unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+        SavedBytes.active = None
+
+def _is_noise(t: torch.Tensor) -> bool:
+    """Is t a dropout noise mask as CPU dropout makes it (floats needing no grad, each 0 or 1/(1-p))?"""
+    if t.requires_grad or not t.is_floating_point() or t.dim() < 2 or t.numel() == 0:
+        return False
+    with torch.no_grad(), _disable_current_modes():  # not seen by selective checkpointing's modes
+        top = t.max()
+        return bool(top > 1) and bool(((t == 0) | (t == top)).all())
+
+
+class _Slot:
+    """What a saved-tensor hook hands autograd: the packed value and the pointer it keeps counted; when autograd
+    lets the slot go, the count drops."""
+
+    __slots__ = ("packed", "cell", "below", "__weakref__")
+
+    def __init__(self, meter: SavedBytes, packed, ptr, owns: bool = True, below=None):
+        self.packed, self.below = packed, below
+        self.cell = [ptr if owns else None]
+        weakref.finalize(self, _release_cell, meter, self.cell)
+
+    @staticmethod
+    def unpack(slot):
+        if slot.below is None:
+            return slot.packed
+        t = slot.below(slot.packed)  # a replayed tensor, held since the replay: let go with this slot
+        if slot.cell[0] is None:
+            key = t.untyped_storage().data_ptr(), "recomputed"
+            meter = SavedBytes.active
+            if meter is not None and key in meter._refs:
+                slot.cell[0] = key
+        return t
+
+
+def _release_cell(meter: SavedBytes, cell: list) -> None:
+    meter.release(cell[0])
+    cell[0] = None
+
+
+def _module_hooks(model: torch.nn.Module) -> list:
+    """Forward pre/post hooks keeping _SCOPE, the scoped names of the modules running (replays included)."""
+    handles = []
+    for module in model.modules():
+        scope = getattr(module, "scope", None)
+        if scope is None or isinstance(module, torch.nn.ModuleList | torch.nn.ModuleDict) or module is model:
+            continue
+        handles.append(module.register_forward_pre_hook(lambda m, a, s=scope: _SCOPE.append(s) and None))
+        handles.append(module.register_forward_hook(lambda m, a, o: _SCOPE.pop() and None, always_call=True))
+    return handles
+
+
+# ---- one measured step ----------------------------------------------------------------------------------
+@dataclass
+class TorchStep:
+    """What one PyTorch forward + backward kept: the meter (peak, live after forward, every storage kept),
+    the loss and the seconds the step took."""
+
+    meter: SavedBytes
+    loss: float
+    seconds: float
+
+    @property
+    def peak(self) -> int:
+        return self.meter.peak
+
+    @property
+    def after_forward(self) -> int:
+        return self.meter.after_forward
+
+    def like_for_like(self) -> dict:
+        """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
+        the per-holder count: {"peak": distinct storages, "per_holder": ..., "regenerated": 1-byte masks counted
+        where selective checkpointing regenerates dropout noise the engine's policy keeps (in per_holder),
+        "dead_cache": bytes selective
+        checkpointing cached that no autograd node kept and no replayed op read (outputs backward never needs,
+        such as a Linear's before a residual add), "noise": float dropout noise (CPU dropout keeps it at the
+        value dtype, see _is_noise), "noise_elements", and
+        "comparable": per_holder - dead_cache - noise + noise_elements (a 1-byte mask per element, as the
+        engine and PyTorch's CUDA dropout keep)}."""
+        records = self.meter.at_peak_per_holder
+        noise = [k for k, _ in records if k.noise]
+        dead = sum(k.nbytes for k, how in records if how == "cached" and not k.needed)
+        regenerated = sum(k.nbytes for k, how in records if how == "regenerated")
+        out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "regenerated": regenerated,
+               "dead_cache": dead, "noise": sum(k.nbytes for k in noise),
+               "noise_elements": sum(math.prod(k.shape) for k in noise)}
+        out["comparable"] = out["per_holder"] - dead - out["noise"] + out["noise_elements"]
+        return out
+
+
+def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
+    """One forward and backward of `model` (its .checkpoint as set), measured by SavedBytes; gradients land
+    in the parameters' .grad."""
+    import time
+
+    idx, targets = (torch.as_tensor(np.asarray(a)) for a in (idx, targets))
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    for p in model.parameters():
+        p.grad = None
+    torch.manual_seed(seed)
+    handles = _module_hooks(model)
+    gc.collect()
+    gc.disable()  # slots are let go by reference counting, at the moment autograd drops them: not at gc's whim
+    try:
+        t0 = time.perf_counter()
+        with SavedBytes(exclude=params) as meter:
+            _, loss = model(idx, targets)
+            meter.after_forward = meter.live
+            loss.backward()
+        seconds = time.perf_counter() - t0
+    finally:
+        gc.enable()
+        for h in handles:
+            h.remove()
+        _SCOPE.clear()
+    return TorchStep(meter, loss.item(), seconds)
+
+
+__all__ = ["TorchGPT", "run_blocks", "plan_for", "engine_op", "selective_contexts", "SavedBytes", "Kept",
+           "TorchStep", "measure_step"]
