@@ -1,11 +1,16 @@
 """Lesson 11: taking the plan to PyTorch.
 
-The claim: a checkpointing plan chosen here carries over to PyTorch unchanged. The planner picks segments for
-a memory budget from this engine's measured costs; applied to the same GPT in PyTorch (torch.utils.checkpoint,
-non-reentrant, for plans; selective activation checkpointing for policies), PyTorch keeps the bytes the
-ledger measured, within 2%, once each measured difference between the two is counted like for like. The time
-each plan costs is measured too, in both, and printed beside (on a shared CPU these times are noisy; this
-engine also checks every replay against its forward, which PyTorch does not).
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): discarding idle activations and recomputing them on demand turns memory into
+compute, in any autograd system that keeps every intermediate for backward; PyTorch is the one the
+chapter's readers train with. Measured here: the same plans, in this engine and in PyTorch.
+
+What this lesson adds: a checkpointing plan chosen here carries over to PyTorch unchanged. The planner picks
+segments for a memory budget from this engine's measured costs; applied to the same GPT in PyTorch
+(torch.utils.checkpoint, non-reentrant, for plans; selective activation checkpointing for policies), PyTorch
+keeps the bytes the ledger measured, within 2%, once each measured difference between the two is counted like
+for like. The time each plan costs is measured too, in both, and printed beside (on a shared CPU these times
+are noisy; this engine also checks every replay against its forward, which PyTorch does not).
 
 What you will see: one GPT (dropout on) under five plans (none, every layer, √n segments, the planner's plan
 for a budget, Korthikanti's selective recomputation), each measured twice: by the ledger (this engine, NumPy)
@@ -67,6 +72,7 @@ def seconds(step, repeats: int) -> float:
 
 def main(quick: bool = False, out: str = "figures") -> dict:
     print("Lesson 11: taking the plan to PyTorch")
+    C.claim(__doc__)
     try:
         import torch  # noqa: F401
 
@@ -175,6 +181,16 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"\nfigure: {path}")
     return {"plan": plan.describe(), "budget": budget, "results": results, "worst_like_for_like": worst,
             "figures": [path]}
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    if "skipped" in r:
+        return [f"skipped: {r['skipped']}"]
+    raw = max(abs(x["torch"] / x["engine"] - 1) for x in r["results"].values())
+    return [f"the planner's plan {r['plan']} for {C.format_bytes(r['budget'])}, and four more, in PyTorch",
+            f"PyTorch's saved bytes against the ledger: within {raw:.0%} raw, {abs(r['worst_like_for_like']):.2%} "
+            "like for like"]
 
 
 if __name__ == "__main__":

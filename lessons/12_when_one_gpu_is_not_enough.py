@@ -1,10 +1,15 @@
 """Lesson 12: when one GPU is not enough.
 
-The claim: the seed's 7B model, which no checkpointing plan fits into one 80 GB GPU (lesson 9), fits on each of
-8 GPUs with 8-way tensor parallelism, and sequence parallelism and selective recomputation cut each device's
-activations exactly as Korthikanti et al. 2022 (Table 2) say: sbh(10 + 24/t + 5as/(ht)) per layer with tensor
-parallelism alone, (sbh/t)(34 + 5as/h) with sequence parallelism, 34·sbh/t with both and selective
-recomputation, plus the terms this engine keeps and the paper does not (named and measured below).
+Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
+Solves"): a 7B model with Adam "simply cannot fit in a single 80 GB A100" once its
+activations (the chapter's "64 GB") are counted; lesson 9 shows checkpointing alone does not rescue it.
+Measured here: what splitting it over 8 GPUs leaves on each.
+
+What this lesson adds: the seed's 7B model, which no checkpointing plan fits into one 80 GB GPU (lesson 9),
+fits on each of 8 GPUs with 8-way tensor parallelism, and sequence parallelism and selective recomputation cut
+each device's activations exactly as Korthikanti et al. 2022 (Table 2) say: sbh(10 + 24/t + 5as/(ht)) per
+layer with tensor parallelism alone, (sbh/t)(34 + 5as/h) with sequence parallelism, 34·sbh/t with both and
+selective recomputation, plus the terms this engine keeps and the paper does not (named and measured below).
 
 What you will see: one device's share of the model (Megatron's column- and row-parallel linears: 4 of the 32
 heads and 2048 of the 16384 hidden units of each MLP; the vocabulary split 8 ways) trained for one step on the
@@ -56,6 +61,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     shape = seed_shape(quick)
     s, b, h, a, L = shape.seq_len, shape.batch, shape.d_model, shape.n_head, shape.n_layer
     print("Lesson 12: when one GPU is not enough")
+    C.claim(__doc__)
     print(f"The seed's model: {L} layers{' (--quick: 4 of 32)' if quick else ''}, d = {h}, {a} heads, T = {s}, "
           f"B = {b}, float16, dropout {shape.dropout} (the paper assumes dropout), AdamW with float32 m and v;\n"
           f"on 8 GPUs with {T_PARALLEL}-way tensor parallelism, measured for one device on the meta backend.")
@@ -145,6 +151,16 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"\nfigure: {path}")
     return {"config": dict(n_layer=L, d_model=h, n_head=a, seq_len=s, batch=b, tensor=T_PARALLEL),
             "runs": runs, "largest_batch": largest, "figures": [path]}
+
+
+def headline(r: dict) -> list[str]:
+    """The few numbers `tinygrad-ckpt figures` prints for this lesson."""
+    c = r["config"]
+    runs, best = r["runs"], min(r["runs"], key=lambda label: r["runs"][label]["peak"])
+    return [f"{c['n_layer']} layers on {c['tensor']} GPUs, per-device peak at B = {c['batch']}: TP alone "
+            f"{runs['TP']['peak'] / 1e9:.1f} GB, {best} {runs[best]['peak'] / 1e9:.1f} GB",
+            f"largest batch fitting 80 GB per device: TP alone {r['largest_batch']['TP']}, "
+            f"{best} {r['largest_batch'][best]}"]
 
 
 if __name__ == "__main__":
