@@ -651,7 +651,8 @@ xp = _Namespace()
 for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis):
     setattr(xp, _fn.__name__, _fn)
 xp.ones = zeros
-for _name in ("add", "exp", "log", "sqrt", "tanh"):
+xp.empty = zeros
+for _name in ("add", "exp", "log", "sqrt", "tanh", "maximum"):
     setattr(xp, _name, _Ufunc(getattr(np, _name)))
 
 
@@ -705,5 +706,5 @@ class MetaBackend(Backend):
 
         return _elementwise(erf, (x,))
 
-    def generator(self, seed: int, counter: int):
+    def generator(self, seed: int, counter: int, *keys: int):
         return MetaGenerator()
