@@ -41,7 +41,7 @@ class ChunkedAttention(Function):
     op = "chunked_attention"
 
     @staticmethod
-    def forward(ctx, q, k, v, causal=True, dropout_p=0.0, block_size=128):
+    def forward(ctx, q, k, v, causal=True, dropout_p=0.0, block_size=64):
         _check(q, k, v, causal, dropout_p, block_size)
         tq, tk = q.shape[-2], k.shape[-2]
         ctx.causal, ctx.dropout_p, ctx.block_size = causal, dropout_p, block_size
@@ -76,8 +76,8 @@ class ChunkedAttention(Function):
         ctx.save(q=q, k=k, v=v, out=out, lse=lse)
         batch = math.prod(q.shape[:-2])
         d, dv = q.shape[-1], v.shape[-1]
-        ctx.flops = (batch * area * (2 * d + 2 * dv + 5),  # q kᵀ, p v, and the softmax's exp/max/sum/subtract
-                     batch * area * (4 * d + 4 * dv + 6))  # s again, dV, dP, dQ, dK, and P, dS
+        ctx.flops = (batch * area * (2 * d + 2 * dv + 5),  # q kᵀ, p v, and the softmax's max/subtract/exp/sum
+                     batch * area * (6 * d + 4 * dv + 5))  # q kᵀ again, dV, dP, dQ, dK, and P, dS
         return out
 
     @staticmethod
