@@ -618,6 +618,15 @@ def put_along_axis(arr, indices, values, axis) -> None:
     """An in-place scatter: changes values only."""
 
 
+def packbits(a):
+    """Eight bools to a byte, as NumPy's packbits of a 1-d array."""
+    return MetaArray(((a.size + 7) // 8,), np.uint8)
+
+
+def unpackbits(a):
+    return MetaArray((a.size * 8,), np.uint8)
+
+
 def copyto(dst, src, where=True) -> None:
     """Copy where a mask says: changes values only (NumPy's checks: writeable, broadcastable)."""
     _elementwise(np.where, (where, src, dst), name="copyto", scalar_result=False)
@@ -655,7 +664,8 @@ class _Namespace:
 
 
 xp = _Namespace()
-for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis, copyto):
+for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis, copyto,
+            packbits, unpackbits):
     setattr(xp, _fn.__name__, _fn)
 xp.ones = zeros
 xp.empty = zeros

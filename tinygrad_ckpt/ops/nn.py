@@ -177,9 +177,12 @@ class CrossEntropy(Function):
 class LayerNorm(Function):
     """out = x̂·w + b with x̂ = (x - mean)/√(var + eps) over the last axis.
 
-    Saves the normalised input x̂ and 1/std (one number per row): with them,
-    dL/dx = (1/std)·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) where ĝ = g·w. (The alternative, input + mean + 1/std,
-    costs the same bytes but an extra pass in backward.)
+    Saves its output, 1/std (one number per row), w and b: the layer after it (a linear) keeps the
+    output anyway, so the output costs no extra bytes, and backward recovers x̂ = (out - b)/w. Where a
+    weight is exactly 0 the output forgets x̂, so those columns of x̂ are saved as well (none, usually).
+    With x̂ and 1/std, dL/dx = (1/std)·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) where ĝ = g·w, dL/dw = Σ g·x̂,
+    dL/db = Σ g. (Recovering x̂ costs 2 operations per value in backward and rounds like |b|/|w| times
+    the output's rounding: exact enough at the weights training sees, and PyTorch's tolerance is checked.)
     """
 
     op = "layer_norm"
@@ -204,13 +207,27 @@ class LayerNorm(Function):
             out += bias
 
         parallel.rows(normalise, out, xhat, rstd, x)
-        ctx.save(xhat=xhat, rstd=rstd, weight=weight)
-        ctx.flops = (8 * numel(x.shape), 10 * numel(x.shape))
+        ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
+        ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
+        if ctx.zero_columns is not None:
+            ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
+        ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xhat, rstd, weight = ctx.saved["xhat"], ctx.saved["rstd"], ctx.saved["weight"]
+        out, rstd, weight, bias = (ctx.saved[k] for k in ("out", "rstd", "weight", "bias"))
+        zero = ctx.zero_columns
+        safe_weight = weight if zero is None else xp().where(weight == 0, xp().ones((), dtype=weight.dtype), weight)
+        xhat = xp().empty(out.shape, dtype=out.dtype)
+
+        def recover(xhat, out):
+            xp().subtract(out, bias, out=xhat)
+            xhat /= safe_weight
+
+        parallel.rows(recover, xhat, out)
+        if zero is not None:
+            xhat[..., zero] = ctx.saved["xhat_where_weight_is_0"]
         rows = grad_out.reshape(-1, grad_out.shape[-1])
         gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)
         gb = rows.sum(axis=0)
@@ -227,22 +244,33 @@ class LayerNorm(Function):
         return gx, gw, gb
 
 
+def _zero_columns(weight):
+    """Indices of the weights that are exactly 0, or None (also on the meta backend, which has no values)."""
+    if not backend.current().has_values:
+        return None
+    zero = xp().flatnonzero(weight == 0)
+    return zero if zero.size else None
+
+
 class Dropout(Function):
-    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG. Saves the boolean mask
-    (1 byte per element): dL/dx = g·mask/(1-p)."""
+    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG. Saves the mask packed 1 bit per
+    element (packbits: n/8 bytes instead of a bool array's n): dL/dx = g·mask/(1-p)."""
 
     @staticmethod
     def forward(ctx, x, p):
         mask = backend.next_generator().random(x.shape, dtype=xp().float32) >= p
         ctx.scale = 1.0 / (1.0 - p)
-        ctx.save(mask=mask)
-        ctx.flops = (2 * numel(x.shape), 2 * numel(x.shape))
+        if ctx.saving:
+            ctx.save(mask_bits=xp().packbits(mask.reshape(-1)))
+        ctx.flops = (2 * numel(x.shape), 3 * numel(x.shape))
         out = x * mask
         out *= xp().asarray(ctx.scale, dtype=x.dtype)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = grad_out * ctx.saved["mask"]
+        n = numel(grad_out.shape)
+        mask = xp().unpackbits(ctx.saved["mask_bits"])[:n].reshape(grad_out.shape)  # 0/1 as uint8
+        grad = grad_out * mask
         grad *= xp().asarray(ctx.scale, dtype=grad.dtype)
         return grad
