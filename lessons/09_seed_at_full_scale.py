@@ -229,7 +229,7 @@ def per_layer_figure(path, shape, terms, h0) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(sum(p[0] for p in parts) for _, parts in rows) / div * 1.2)
     ax.set_xlabel(f"bytes one block saves for backward (GiB);  E = B·T·d = {E:,} values")
-    ax.legend(handles=[Patch(color="#4C72B0", label="terms ∝ B·T·d: inputs of LayerNorm, Linear, GELU; q, k, v"),
+    ax.legend(handles=[Patch(color="#4C72B0", label="terms ∝ B·T·d: Linear and GELU inputs; q, k, v"),
                        Patch(color="#C44E52", label="terms ∝ T²: attention weights [B,H,T,T], causal mask"),
                        Patch(color="#A6BDDB", label="the seed's formula (no T² term)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize=8, frameon=False)
