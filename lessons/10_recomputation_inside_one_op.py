@@ -97,6 +97,11 @@ def t2_fit(seq_lens, values) -> tuple[float, float]:
     return float(a), float(b)
 
 
+def _coefficient(b: float) -> str:
+    """A fitted coefficient; a least-squares zero (|b| < 0.005) prints as 0.00, not -0.00."""
+    return f"{0.0 if abs(b) < 0.005 else b:,.2f}"
+
+
 def figure(cfg, sweep, path) -> None:
     seq_lens = cfg["seq_lens"]
     fig, (ax_b, ax_f) = plots.new_figure(1, 2, figsize=(11, 4.3))
@@ -162,13 +167,13 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     for plan in PLANS:
         peaks = [sweep[T][plan]["peak"] for T in cfg["seq_lens"]]
         fits[plan] = t2_fit(cfg["seq_lens"], peaks)
-        rows.append((plan, *(C.format_bytes(p) for p in peaks), f"{fits[plan][1]:,.2f}"))
+        rows.append((plan, *(C.format_bytes(p) for p in peaks), _coefficient(fits[plan][1])))
     print(C.table(rows, ["activation peak", *(f"T={T}" for T in cfg["seq_lens"]), "b (B per T²)"]))
     t_max = cfg["seq_lens"][-1]
     ratio = {p: sweep[t_max][p]["peak"] / sweep[t_max]["explicit"]["peak"] for p in PLANS}
     print(f"fit peak = a·T + b·T² over the sweep: explicit b = {fits['explicit'][1]:,.1f} B/T² "
           f"(B·H·4 bytes of softmax output + the bool mask per layer, {L} layers),\n"
-          f"chunked b = {fits['chunked'][1]:,.2f} B/T² (linear in T). At T={t_max}: chunked "
+          f"chunked b = {_coefficient(fits['chunked'][1])} B/T² (linear in T). At T={t_max}: chunked "
           f"{ratio['chunked']:.1%}, explicit + checkpoint {ratio['explicit + checkpoint']:.1%}, "
           f"both {ratio['chunked + checkpoint']:.1%} of explicit's peak.\n"
           "The checkpointed explicit stack still has a T² term: its peak is the block inputs plus ONE block's "
