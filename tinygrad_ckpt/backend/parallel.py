@@ -21,6 +21,7 @@ import numpy as np
 
 MIN_ELEMENTS = 1 << 16  # below this a chunk's work is smaller than handing it to a thread
 _pool: ThreadPoolExecutor | None = None
+_pool_size = 0
 
 
 def _default_threads() -> int:
@@ -41,14 +42,12 @@ def threads() -> int:
 
 
 def set_threads(n: int) -> int:
-    """Use n threads (1: everything on the calling thread); returns the previous count."""
-    global _threads, _pool
+    """Use n threads (1: everything on the calling thread); returns the previous count. The pool only grows, so
+    work another thread has handed it meanwhile still runs."""
+    global _threads
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise ValueError(f"set_threads: n must be a positive int, got {n!r}")
     previous, _threads = _threads, n
-    if _pool is not None:
-        _pool.shutdown(wait=True)
-        _pool = None
     return previous
 
 
@@ -76,10 +75,16 @@ def rows(kernel, *arrays, inner: int = 1) -> None:
         return
     bounds = [count * i // parts for i in range(parts + 1)]
     chunks = [[v[lo:hi] for v in views] for lo, hi in zip(bounds, bounds[1:])]
-    global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max_workers=max(n - 1, 1), thread_name_prefix="tinygrad_ckpt")
-    futures = [_pool.submit(kernel, *c) for c in chunks[1:]]
+    pool = _workers(parts - 1)
+    futures = [pool.submit(kernel, *c) for c in chunks[1:]]
     kernel(*chunks[0])  # the calling thread takes the first chunk
     for f in futures:
         f.result()
+
+
+def _workers(count: int) -> ThreadPoolExecutor:
+    """The pool, with at least `count` workers (a bigger one replaces it; the old one's threads finish their work)."""
+    global _pool, _pool_size
+    if _pool is None or _pool_size < count:
+        _pool, _pool_size = ThreadPoolExecutor(max_workers=count, thread_name_prefix="tinygrad_ckpt"), count
+    return _pool
