@@ -103,3 +103,32 @@ def test_thread_count_errors_and_environment(monkeypatch):
         parallel._default_threads()
     monkeypatch.delenv("TINYGRAD_CKPT_THREADS")
     assert parallel._default_threads() >= 1
+
+
+def test_two_user_threads_share_the_pool_while_the_count_changes(small_chunks, rng):
+    """Each user thread gets its own exact result, while a third changes the thread count under them."""
+    import threading
+
+    x = rng.standard_normal((64, 40)).astype(np.float32)
+    parallel.set_threads(1)
+    expected = F.softmax(tg.Tensor(x)).numpy()
+    parallel.set_threads(3)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(30):
+                results.append(F.softmax(tg.Tensor(x)).numpy())
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    workers = [threading.Thread(target=work) for _ in range(2)]
+    for w in workers:
+        w.start()
+    for n in (2, 4, 1, 3) * 5:
+        parallel.set_threads(n)
+    for w in workers:
+        w.join()
+    assert errors == [] and len(results) == 60
+    for r in results:
+        np.testing.assert_array_equal(r, expected)
