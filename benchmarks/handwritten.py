@@ -104,7 +104,7 @@ def block_forward(p: dict, x, n_heads: int):
     """Returns (out, saved): saved holds exactly what the tape saves for this block."""
     B, T, C = x.shape
     H, hd = n_heads, C // n_heads
-    h1, xhat1, rstd1 = _layer_norm(x, p["ln_1.weight"], p["ln_1.bias"])
+    h1, _, rstd1 = _layer_norm(x, p["ln_1.weight"], p["ln_1.bias"])  # x̂ is recovered from h1 in backward
     qkv = _linear(h1, p["attn.c_attn.weight"], p["attn.c_attn.bias"])  # [B, T, 3C]
     q = qkv[:, :, :C].reshape(B, T, H, hd).transpose(0, 2, 1, 3)  # views [B, H, T, hd]
     k = qkv[:, :, C:2 * C].reshape(B, T, H, hd).transpose(0, 2, 1, 3)
@@ -118,12 +118,11 @@ def block_forward(p: dict, x, n_heads: int):
     att /= att.sum(axis=-1, keepdims=True)
     y = (att @ v).transpose(0, 2, 1, 3).reshape(B, T, C)  # a copy (the transpose is not contiguous)
     x = x + _linear(y, p["attn.c_proj.weight"], p["attn.c_proj.bias"])
-    h2, xhat2, rstd2 = _layer_norm(x, p["ln_2.weight"], p["ln_2.bias"])
+    h2, _, rstd2 = _layer_norm(x, p["ln_2.weight"], p["ln_2.bias"])
     u = _linear(h2, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"])
     g = _gelu(u)
     out = x + _linear(g, p["mlp.c_proj.weight"], p["mlp.c_proj.bias"])
-    saved = dict(xhat1=xhat1, rstd1=rstd1, h1=h1, qkv=qkv, mask=mask, att=att, y=y,
-                 xhat2=xhat2, rstd2=rstd2, h2=h2, u=u, g=g)
+    saved = dict(rstd1=rstd1, h1=h1, qkv=qkv, mask=mask, att=att, y=y, rstd2=rstd2, h2=h2, u=u, g=g)
     return out, saved
 
 
@@ -146,8 +145,9 @@ def block_backward(p: dict, s: dict, dout, n_heads: int):
     grads["mlp.c_fc.bias"] = du.reshape(-1, 4 * C).sum(axis=0)
     dh2 = du @ p["mlp.c_fc.weight"]
     del du
-    dx, grads["ln_2.weight"], grads["ln_2.bias"] = _layer_norm_backward(dh2, s["xhat2"], s["rstd2"],
-                                                                        p["ln_2.weight"])
+    xhat2 = (s["h2"] - p["ln_2.bias"]) / p["ln_2.weight"]  # as the engine: x̂ from the kept output
+    dx, grads["ln_2.weight"], grads["ln_2.bias"] = _layer_norm_backward(dh2, xhat2, s["rstd2"], p["ln_2.weight"])
+    del xhat2
     dx += dout  # the residual
     # attention branch: x_mid = x + c_proj(attn(ln_1(x)))
     grads["attn.c_proj.weight"] = _weight_grad(dx, s["y"])
@@ -174,8 +174,8 @@ def block_backward(p: dict, s: dict, dout, n_heads: int):
     grads["attn.c_attn.bias"] = dqkv.reshape(-1, 3 * C).sum(axis=0)
     dh1 = dqkv @ p["attn.c_attn.weight"]
     del dqkv
-    dx1, grads["ln_1.weight"], grads["ln_1.bias"] = _layer_norm_backward(dh1, s["xhat1"], s["rstd1"],
-                                                                         p["ln_1.weight"])
+    xhat1 = (s["h1"] - p["ln_1.bias"]) / p["ln_1.weight"]
+    dx1, grads["ln_1.weight"], grads["ln_1.bias"] = _layer_norm_backward(dh1, xhat1, s["rstd1"], p["ln_1.weight"])
     dx1 += dx
     return dx1, grads
 

@@ -3,8 +3,8 @@
 What you will see: the chain rule at one node (dL/dx = dL/dy · f'(x)) checked against the engine;
 two inputs that GELU maps to the same output but whose derivatives differ, so gelu(x) alone cannot
 drive backward and GELU must keep x; softmax keeping its output (the tape entry, its saved bytes,
-and that it is the output array itself); layer norm keeping its statistics (x̂ and 1/std, not the
-mean and variance the chapter names), read from the tape.
+and that it is the output array itself); layer norm keeping its output and 1/std (not the mean and
+variance the chapter names) and recovering x̂ from its output, read from the tape.
 
 Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
 Solves"): backward needs the forward's values, because dL/dx = dL/df(x) · f'(x) and f'(x) depends on x
@@ -168,7 +168,7 @@ def softmax_keeps_output(rng) -> dict:
 
 
 def layernorm_keeps_statistics(rng) -> dict:
-    C.heading("4. Layer norm keeps its statistics: x̂ and 1/std")
+    C.heading("4. Layer norm keeps its output and 1/std, and recovers x̂ from the output")
     B, T, d = 2, 3, 8
     x = tg.Tensor(rng.standard_normal((B, T, d)).astype(np.float32) * 3 + 1, requires_grad=True, name="x")
     w = tg.Parameter(np.ones(d, np.float32), name="ln.weight")
@@ -179,22 +179,25 @@ def layernorm_keeps_statistics(rng) -> dict:
     print(f"tape entry: {entry!r}")
     rows = [(k, str(list(v.shape)), str(v.dtype), f"{v.nbytes} B") for k, v in entry.ctx.saved.items()]
     print(C.table(rows, ["saved", "shape", "dtype", "bytes"]))
-    xhat, rstd = entry.ctx.saved["xhat"], entry.ctx.saved["rstd"]
+    kept, rstd = entry.ctx.saved["out"], entry.ctx.saved["rstd"]
     mean = x.data.mean(axis=-1, keepdims=True)
     var = x.data.var(axis=-1, keepdims=True)
     rstd_err = float(np.max(np.abs(rstd - 1 / np.sqrt(var + 1e-5))))
-    xhat_err = float(np.max(np.abs(xhat - (x.data - mean) * rstd)))
+    xhat_err = float(np.max(np.abs((kept - b.data) / w.data - (x.data - mean) * rstd)))
     act = led.saved_breakdown(by="name")
-    print(f"rstd = 1/√(var + eps), one number per row of d = {d}: max error {rstd_err:.1e}")
-    print(f"xhat = (x - mean)·rstd, the input normalised (the mean is folded in): max error {xhat_err:.1e}")
-    print(f"The ledger counts as activations only {act} ({sum(act.values())} B): the weight is saved by "
-          "reference\nand stays a parameter. Backward reads exactly these: dL/dx = rstd·(ĝ - mean(ĝ) - "
-          "x̂·mean(ĝ·x̂)), ĝ = g·w.")
-    print("The seed says layer norm stores 'its input mean and variance'; this engine stores x̂ and 1/std:\n"
-          f"d + 1 = {d + 1} values per row instead of d + 2 = {d + 2}, and backward need not normalise again.")
+    print(f"saved 'out' is the output array itself: {kept is out.data}; rstd = 1/√(var + eps), one number per row "
+          f"of d = {d}: max error {rstd_err:.1e}")
+    print(f"x̂ = (out - b)/w, recovered in backward from what was kept: max error {xhat_err:.1e} against "
+          "(x - mean)·rstd")
+    print(f"The ledger counts as activations only {act} ({sum(act.values())} B): the weight and bias are saved by "
+          "reference\nand stay parameters. Backward reads exactly these: dL/dx = rstd·(ĝ - mean(ĝ) - "
+          "x̂·mean(ĝ·x̂)), ĝ = g·w.\nIn a GPT block the output is the next linear's input, which that linear keeps "
+          "anyway: the layer norm's\nown cost is 1/std alone. (Where a weight is exactly 0, x̂'s column is kept too.)")
+    print("The seed says layer norm stores 'its input mean and variance'; this engine stores its output and 1/std:\n"
+          f"d + 1 = {d + 1} values per row instead of d + 2 = {d + 2}, and only the 1 is its own.")
     return {"layernorm_saved": {k: list(v.shape) for k, v in entry.ctx.saved.items()},
             "layernorm_activation_bytes": int(sum(act.values())), "layernorm_rstd_err": rstd_err,
-            "layernorm_xhat_err": xhat_err, "layernorm_shape": (B, T, d)}
+            "layernorm_xhat_err": xhat_err, "layernorm_shape": (B, T, d), "layernorm_keeps_output": kept is out.data}
 
 
 def what_a_graph_keeps(rng, out: str) -> dict:

@@ -39,36 +39,36 @@ SLUG = "03_the_factor_of_12"
 
 # first saver of each buffer (scoped name:key) -> its term in estimate.engine_activation_terms
 TERM_OF = {
-    "ln_1.layer_norm:xhat": "ln_1.xhat",
+    "ln_1.layer_norm:out": "attn.c_attn.input",  # ln_1's output, which c_attn keeps as its input too
     "ln_1.layer_norm:rstd": "ln_1.rstd",
-    "attn.c_attn.linear:x": "attn.c_attn.input",
     "attn.matmul:b": "attn.qkv",  # k (as kᵀ) is the first view of the c_attn output to be saved
     "attn.masked_fill:mask": "attn.causal_mask",
     "attn.softmax:out": "attn.softmax_out",
-    "attn.dropout:mask": "attn.attn_dropout_mask",
+    "attn.dropout:mask_bits": "attn.attn_dropout_mask",
     "attn.matmul:a": "attn.attn_dropout_out",  # the second matmul's A, a new buffer only with dropout
     "attn.c_proj.linear:x": "attn.c_proj.input",
-    "attn.resid_dropout.dropout:mask": "attn.resid_dropout_mask",
-    "ln_2.layer_norm:xhat": "ln_2.xhat",
+    "attn.resid_dropout.dropout:mask_bits": "attn.resid_dropout_mask",
+    "ln_2.layer_norm:out": "mlp.c_fc.input",  # ln_2's output, which c_fc keeps as its input too
     "ln_2.layer_norm:rstd": "ln_2.rstd",
-    "mlp.c_fc.linear:x": "mlp.c_fc.input",
     "mlp.gelu:x": "mlp.gelu.input",
     "mlp.c_proj.linear:x": "mlp.c_proj.input",
-    "mlp.dropout.dropout:mask": "mlp.resid_dropout_mask",
+    "mlp.dropout.dropout:mask_bits": "mlp.resid_dropout_mask",
 }
 
 
 # the breakdown figure groups the terms: T²-sized in reds, E-sized in blues and greens
 GROUPS = {
     "softmax output [B,H,T,T]": (("attn.softmax_out",), "#C44E52"),
-    "attention dropout mask + output [B,H,T,T]": (("attn.attn_dropout_mask", "attn.attn_dropout_out"), "#E8A0A0"),
+    "attention dropout mask (1 bit) + output [B,H,T,T]": (("attn.attn_dropout_mask", "attn.attn_dropout_out"),
+                                                          "#E8A0A0"),
     "causal mask [T,T] (bool)": (("attn.causal_mask",), "#937860"),
     "q, k, v (one c_attn output)": (("attn.qkv",), "#55A868"),
-    "linear inputs (c_attn, attn c_proj, c_fc)": (("attn.c_attn.input", "attn.c_proj.input", "mlp.c_fc.input"),
+    "linear inputs (c_attn, attn c_proj, c_fc; two are layer-norm outputs)": (
+        ("attn.c_attn.input", "attn.c_proj.input", "mlp.c_fc.input"),
                                                   "#4C72B0"),
     "MLP 4d: GELU input + c_proj input": (("mlp.gelu.input", "mlp.c_proj.input"), "#DD8452"),
-    "layer norms: x̂ + 1/std": (("ln_1.xhat", "ln_1.rstd", "ln_2.xhat", "ln_2.rstd"), "#8172B3"),
-    "residual dropout masks (bool)": (("attn.resid_dropout_mask", "mlp.resid_dropout_mask"), "#DA8BC3"),
+    "layer norms: 1/std": (("ln_1.rstd", "ln_2.rstd"), "#8172B3"),
+    "residual dropout masks (1 bit)": (("attn.resid_dropout_mask", "mlp.resid_dropout_mask"), "#DA8BC3"),
 }
 
 
@@ -168,15 +168,17 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     k22_total = sum(k22.values())
     C.heading("2. Against the seed's 12·B·T·d and Korthikanti's sbh(34 + 5as/h), in units of E = B·T·d values")
     print(f"measured          {m['measured']:>12,} B = {m['measured'] / (E * v):6.2f} E·v")
-    print(f"engine formula    {m['engine']:>12,} B = 16 E·v + 2·B·T·v (two 1/std) + T² (bool mask) "
+    print(f"engine formula    {m['engine']:>12,} B = 14 E·v + 2·B·T·v (two 1/std) + T² (bool mask) "
           "+ B·H·T²·v (softmax)")
     print(f"seed 12·B·T·d·v   {seed_b:>12,} B = 12.00 E·v   (no T² term, though its prose names [B, H, T, T])")
     print(f"Korthikanti (v=4) {k22_total:>12,} B = {k22_total / (E * v):6.2f} E·v  (with dropout masks, 1 B each)")
-    print("\nThe 16 E-sized values the engine's backward reads, against the seed's 12:")
-    print("  ln_1 x̂ 1 + c_attn input 1 + q,k,v 3 + c_proj input 1 + ln_2 x̂ 1 + c_fc input 1 + GELU input 4"
-          "\n  + MLP c_proj input (GELU output) 4 = 16. The seed's list (pre-norm input, Q, K, V, attention"
-          "\n  weights, a 4d FFN tensor, residual-stream tensors) misses that each linear keeps its own input and"
-          "\n  that the MLP keeps BOTH 4d tensors, and it prices the [B, H, T, T] attention weights as if B·T·d.")
+    print("\nThe 14 E-sized values the engine's backward reads, against the seed's 12:")
+    print("  c_attn input (= ln_1 output) 1 + q,k,v 3 + c_proj input 1 + c_fc input (= ln_2 output) 1 + GELU input 4"
+          "\n  + MLP c_proj input (GELU output) 4 = 14. Each layer norm keeps its output, which the next linear keeps"
+          "\n  anyway, and recovers x̂ = (out - b)/w from it: its own cost is one 1/std per row. The seed's list"
+          "\n  (pre-norm input, Q, K, V, attention weights, a 4d FFN tensor, residual-stream tensors) misses that"
+          "\n  each linear keeps its own input and that the MLP keeps BOTH 4d tensors, and it prices the"
+          "\n  [B, H, T, T] attention weights as if B·T·d.")
     print("Korthikanti's terms, and what this block does instead (same bytes per value):")
     notes = {
         "attn.qkv_input": "= c_attn input (E)",
@@ -191,7 +193,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         "mlp.gelu_input": "= GELU input (4E)",
         "mlp.fc2_input": "= MLP c_proj input (4E)",
         "mlp.dropout_mask": "absent: no dropout here",
-        "layernorms": "x̂ of both (2E) + their 1/std (2·B·T, not in [K22])",
+        "layernorms": "not kept: each keeps its output (= the next linear's input) and 1/std (2·B·T, not in [K22])",
     }
     print(C.table([(k, f"{val:,}", notes[k]) for k, val in k22.items()], ["[K22] term", "bytes", "here"],
                   ["<", ">", "<"]))
@@ -213,20 +215,25 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         k = estimate.korthikanti_bytes_per_layer(Ts, Bs, ds, Hs)
         sd = estimate.seed_activation_bytes_per_layer(Bs, Ts, ds, 2)
         extra = ms["measured"] - k
-        named = 2 * Bs * Ts * 2 + Ts * Ts + ms["scalar_bytes"]
+        E, bhtt = Bs * Ts * ds, Bs * Hs * Ts * Ts
+        named = (2 * Bs * Ts * 2 + Ts * Ts + ms["scalar_bytes"]  # 1/std vectors, bool causal mask, 0-d scale
+                 - 2 * E * 2  # the two layer-norm inputs [K22] counts: here their outputs, kept by the linears
+                 - (bhtt - -(-bhtt // 8)) - 2 * (E - -(-E // 8)))  # dropout masks at 1 bit, not 1 byte
         sweep.append(dict(seq_len=Ts, measured=ms["measured"], engine=ms["engine"], korthikanti=k, seed=sd,
                           scalar_bytes=ms["scalar_bytes"], extra_vs_korthikanti=extra, named_extras=named))
         breakdown[f"T = {Ts}"] = grouped(ms["inventory"])
         rows.append((Ts, f"{ms['measured']:,}", f"{ms['engine']:,}", f"{k:,}", f"{extra:+,}",
                      "yes" if extra == named else "NO", f"{sd:,}", f"{ms['measured'] / sd:.2f}×",
                      f"{ms['measured'] / (Bs * Ts * ds * 2):.1f}"))
-    print(C.table(rows, ["T", "measured", "engine", "[K22]", "meas.-[K22]", "= extras?", "seed", "meas./seed",
+    print(C.table(rows, ["T", "measured", "engine", "[K22]", "meas.-[K22]", "= named?", "seed", "meas./seed",
                          "factor"]))
     print("(bytes; engine = estimate.engine_activation_bytes_per_layer, [K22] = sbh(34 + 5as/h), seed = "
           "12·B·T·d·2)")
-    print("'= extras?': measured - [K22] is exactly the engine's extras, 4·B·T + T² + 2 bytes: two 1/std vectors "
-          "(2·B·T values,\n2 B each), the bool causal mask (T² B) and the 2-byte scale. 'factor' is measured / "
-          "(B·T·d·2): the seed's 12 would be a constant; "
+    print("'= named?': measured - [K22] is exactly what is named: + two 1/std vectors (2·B·T·2 B), the bool "
+          "causal mask "
+          "(T² B)\nand the 2-byte scale; - the two layer-norm inputs (4·B·T·d B: each layer norm keeps its output, "
+          "which the\nnext linear keeps anyway); - 7/8 of the three dropout masks (1 bit per element instead of "
+          "1 byte).\n'factor' is measured / (B·T·d·2): the seed's 12 would be a constant; "
           f"it grows with T\nbecause of the [B, H, T, T] terms (5as/h in [K22]: they pass the 34 at T = 34h/5a = "
           f"{34 * ds / (5 * Hs):.0f}).")
     ratios = [(b2["measured"] / b1["measured"], b2["seq_len"] / b1["seq_len"]) for b1, b2 in zip(sweep, sweep[1:])]

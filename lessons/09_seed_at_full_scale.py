@@ -4,7 +4,7 @@ What you will see: the seed's worked example (32 layers, d = 4096, T = 2048, B =
 a GPT on the shape-only meta backend, so one training step of the full-size model runs in about a
 second with an exact memory ledger. The lesson puts each of the seed's numbers beside its own
 arithmetic and beside the measurement: the activation formula 32 × 12·B·T·d × 2 bytes gives 25.8 GB,
-not the 64 GB the seed prints; the ledger measures 64.7 GiB, close to 64 only by coincidence (16·E plus a
+not the 64 GB the seed prints; the ledger measures 60.7 GiB, near 64 only by coincidence (14·E plus a
 B·H·T² attention term per layer, which 12·B·T·d leaves out). Parameters, AdamW states and gradients
 are measured too, and then every checkpointing plan (none, every layer, √n segments, Korthikanti's
 selective recomputation, and the planner's optimum under a budget), each measured, with a fits /
@@ -211,7 +211,7 @@ def per_layer_figure(path, shape, terms, h0) -> None:
     f_e = sum(terms.values()) - f_t2
     m_t2 = sum(n for k, n in h0.items() if k.startswith(("attn.softmax:", "attn.masked_fill:")))
     m_e = sum(h0.values()) - m_t2
-    e_label = f"16·E·{v} B + 2·B·T·{v} B" if f_e == 16 * E * v + 2 * B * T * v else f"{f_e / (E * v):.2f}·E·{v} B"
+    e_label = f"14·E·{v} B + 2·B·T·{v} B" if f_e == 14 * E * v + 2 * B * T * v else f"{f_e / (E * v):.2f}·E·{v} B"
     t2_label = f"B·H·T²·{v} B + T² B (mask)"
     rows = [
         ("seed: 12·B·T·d·2 bytes", [(12 * E * v, "#A6BDDB", f"12·E·{v} B")]),
@@ -233,7 +233,7 @@ def per_layer_figure(path, shape, terms, h0) -> None:
     ax.invert_yaxis()
     ax.set_xlim(0, max(sum(p[0] for p in parts) for _, parts in rows) / div * 1.2)
     ax.set_xlabel(f"bytes one block saves for backward (GiB);  E = B·T·d = {E:,} values")
-    ax.legend(handles=[Patch(color="#4C72B0", label="terms ∝ B·T·d: inputs of LayerNorm, Linear, GELU; q, k, v"),
+    ax.legend(handles=[Patch(color="#4C72B0", label="terms ∝ B·T·d: Linear and GELU inputs; q, k, v"),
                        Patch(color="#C44E52", label="terms ∝ T²: attention weights [B,H,T,T], causal mask"),
                        Patch(color="#A6BDDB", label="the seed's formula (no T² term)")],
               loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, fontsize=8, frameon=False)
@@ -313,11 +313,11 @@ def fb(n: float) -> str:
     return f"{C.format_bytes(n)} ({C.format_bytes(n, decimal=True)})"
 
 
-NAME_OF = {"ln_1.xhat": "ln_1.layer_norm:xhat", "ln_1.rstd": "ln_1.layer_norm:rstd",
-           "attn.c_attn.input": "attn.c_attn.linear:x", "attn.qkv": "attn.matmul:b",
+NAME_OF = {"ln_1.rstd": "ln_1.layer_norm:rstd",
+           "attn.c_attn.input": "ln_1.layer_norm:out", "attn.qkv": "attn.matmul:b",
            "attn.causal_mask": "attn.masked_fill:mask", "attn.softmax_out": "attn.softmax:out",
-           "attn.c_proj.input": "attn.c_proj.linear:x", "ln_2.xhat": "ln_2.layer_norm:xhat",
-           "ln_2.rstd": "ln_2.layer_norm:rstd", "mlp.c_fc.input": "mlp.c_fc.linear:x",
+           "attn.c_proj.input": "attn.c_proj.linear:x",
+           "ln_2.rstd": "ln_2.layer_norm:rstd", "mlp.c_fc.input": "ln_2.layer_norm:out",
            "mlp.gelu.input": "mlp.gelu:x", "mlp.c_proj.input": "mlp.c_proj.linear:x"}  # formula term -> saved name
 
 
@@ -384,15 +384,15 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           + f";\n{fb(sum(by_layer.values()))} saved in all: the activation peak.")
     same = B * H * T * T == 16 * E
     print("\nWhy the seed's formula is short: its prose lists the attention weights [B, H, T, T], but 12·B·T·d has "
-          "no term for\nthem. They grow with T², and at T = 2048 they are as big as everything else in the layer "
+          "no term for\nthem. They grow with T², and at T = 2048 they are bigger than everything else in the layer "
           "together"
           + (f"\n(B·H·T² = {B * H * T * T:,} = 16·E exactly here, because H·T = {H * T:,} = 16·d)." if same else "."))
-    print("And 16·E rather than 12·E: each LayerNorm keeps its normalised input and the Linear after it keeps its "
-          "input\n(the LayerNorm's output), q, k, v are one 3·E buffer, the merged heads another E, and the MLP keeps "
-          "two 4·E arrays.")
+    print("And 14·E rather than 12·E: each Linear keeps its input (after a LayerNorm, the LayerNorm's output, which "
+          "the\nLayerNorm keeps too, to recover x̂ from), q, k, v are one 3·E buffer, the merged heads another E, "
+          "and the MLP\nkeeps two 4·E arrays.")
     print(f"Is the measured {C.format_bytes(act_peak)} the seed's 64 GB? No. In the seed's decimal units it is "
           f"{C.format_bytes(act_peak, True)}, and it is built\nfrom terms the seed's formula does not have (its "
-          f"12·E alone gives {C.format_bytes(seed_formula_config, True)}). A 16·E + B·H·T² layer is "
+          f"12·E alone gives {C.format_bytes(seed_formula_config, True)}). A 14·E + B·H·T² layer is "
           f"{C.format_bytes(measured_layer)} at this shape,\nso {L} of them make {C.format_bytes(blocks)}: that "
           "this lands near the seed's printed 64 is a coincidence.")
     t2 = {}

@@ -125,11 +125,13 @@ def test_engine_terms_without_dropout():
     assert not any("dropout" in k for k in t)
     assert t["attn.qkv"] == 3 * E * v and t["attn.causal_mask"] == T * T
     assert t["attn.softmax_out"] == B * H * T * T * v
-    total = 16 * E * v + 2 * B * T * v + T * T + B * H * T * T * v
+    total = 14 * E * v + 2 * B * T * v + T * T + B * H * T * T * v
     assert est.engine_activation_bytes_per_layer(s) == sum(t.values()) == total
-    # at 2 bytes: Korthikanti's 34sbh minus the two sbh masks, + 1/std vectors + causal mask
+    assert not any("xhat" in k for k in t)  # a layer norm keeps its output, which is the next linear's input
+    # at 2 bytes: Korthikanti's 34sbh minus the two sbh masks and the two layer-norm inputs (4sbh),
+    # + 1/std vectors + causal mask
     s16 = GPTShape(2, 64, 4, seq_len=16, batch=3, dtype="float16")
-    k = est.korthikanti_bytes_per_layer(T, B, d, H) - 2 * T * B * d - 3 * B * H * T * T
+    k = est.korthikanti_bytes_per_layer(T, B, d, H) - 2 * T * B * d - 3 * B * H * T * T - 4 * T * B * d
     assert est.engine_activation_bytes_per_layer(s16) == k + 2 * B * T * 2 + T * T
 
 
@@ -137,13 +139,17 @@ def test_engine_terms_with_dropout_match_korthikanti_plus_extras():
     s = GPTShape(2, 64, 4, seq_len=16, batch=3, dtype="float16", dropout=0.1)
     B, T, d, H = 3, 16, 64, 4
     t = est.engine_activation_terms(s)
-    assert t["attn.attn_dropout_mask"] == B * H * T * T
-    assert t["attn.resid_dropout_mask"] == t["mlp.resid_dropout_mask"] == B * T * d
+    assert t["attn.attn_dropout_mask"] == B * H * T * T // 8  # 1 bit per element
+    assert t["attn.resid_dropout_mask"] == t["mlp.resid_dropout_mask"] == B * T * d // 8
     extras = 2 * B * T * 2 + T * T                    # ln rstd vectors + bool causal mask
-    assert sum(t.values()) == est.korthikanti_bytes_per_layer(T, B, d, H) + extras
+    fewer = 4 * B * T * d + 7 * (B * H * T * T + 2 * B * T * d) // 8  # layer-norm inputs; 7/8 of the masks
+    assert sum(t.values()) == est.korthikanti_bytes_per_layer(T, B, d, H) + extras - fewer
     s32 = GPTShape(2, 64, 4, seq_len=16, batch=3, dtype="float32", dropout=0.1)
     k32 = est.korthikanti_bytes_per_layer(T, B, d, H, bytes_per_value=4)
-    assert est.engine_activation_bytes_per_layer(s32) == k32 + 2 * B * T * 4 + T * T
+    fewer32 = 8 * B * T * d + 7 * (B * H * T * T + 2 * B * T * d) // 8
+    assert est.engine_activation_bytes_per_layer(s32) == k32 + 2 * B * T * 4 + T * T - fewer32
+    odd = est.engine_activation_terms(GPTShape(1, 5, 1, seq_len=3, batch=1, dtype="float32", dropout=0.1))
+    assert odd["attn.resid_dropout_mask"] == 2 and odd["attn.attn_dropout_mask"] == 2  # 15 and 9 bits: rounded up
 
 
 def test_chen():

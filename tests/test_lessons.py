@@ -141,10 +141,11 @@ def test_lesson2_softmax_keeps_its_output(runs):
     assert r["softmax_grad_err"] < 1e-6
 
 
-def test_lesson2_layernorm_keeps_xhat_and_rstd(runs):
+def test_lesson2_layernorm_keeps_its_output_and_rstd(runs):
     r = runs[2]
     B, T, d = r["layernorm_shape"]
-    assert r["layernorm_saved"] == {"xhat": [B, T, d], "rstd": [B, T, 1], "weight": [d]}
+    assert r["layernorm_saved"] == {"out": [B, T, d], "rstd": [B, T, 1], "weight": [d], "bias": [d]}
+    assert r["layernorm_keeps_output"]
     assert r["layernorm_activation_bytes"] == (B * T * d + B * T) * 4  # the weight stays a parameter
     assert r["layernorm_rstd_err"] < 1e-5 and r["layernorm_xhat_err"] < 1e-5
 

@@ -38,9 +38,13 @@ def test_one_layer_agrees_with_table_2_once_each_difference_is_named(s, b, h, a,
     assert c.unexplained == 0, c
     assert c.formula == sum(est.korthikanti_parallel_terms(s, b, h, a, t, sequence, selective).values())
     named = dict((label, n) for label, n, _ in c.explained)
-    assert named["layer norms"] == 2 * b * s // (t if sequence else 1) * 2  # today: two 1/std vectors [B, T(/t), 1]
+    terms = est.korthikanti_parallel_terms(s, b, h, a, t, sequence, selective)
+    rstd = 2 * b * s // (t if sequence else 1) * 2  # two 1/std vectors [B, T(/t), 1], 2 B each
+    # each layer norm keeps its output (the next linear's input, in the paper's linear terms), not its input
+    assert named["layer norms"] == rstd - terms["layernorms"]
     assert named["causal mask [T, T]"] == (0 if selective else s * s)
-    assert named["dropout masks"] == 0  # today: 1-byte masks, as the paper
+    masks = [n for k, n in terms.items() if k.endswith("dropout_mask")]  # 1 B an element in the paper
+    assert named["dropout masks"] == sum(-(-n // 8) - n for n in masks)  # 1 bit an element here
 
 
 def test_without_dropout_the_papers_dropout_terms_are_the_difference():

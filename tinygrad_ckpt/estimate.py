@@ -241,33 +241,32 @@ def korthikanti_full_recompute_bytes(s: int, b: int, h: int, bytes_per_value: in
 def engine_activation_terms(shape: GPTShape) -> dict[str, int]:
     """Bytes our engine saves for backward in one pre-LN nanoGPT block.
 
-    Without dropout the total is 16·E·v + 2·B·T·v + T² + B·H·T²·v (E = B·T·d):
-    [K22]'s 34sbh minus its two sbh dropout masks, plus the LayerNorm 1/std
-    vectors and the bool causal mask. With dropout > 0 it is [K22]'s total
-    plus those same two extras (at v = 2).
+    Without dropout the total is 14·E·v + 2·B·T·v + T² + B·H·T²·v (E = B·T·d):
+    [K22]'s 34sbh minus its two sbh dropout masks and its two layer-norm inputs (each
+    layer norm keeps its output, which the next linear keeps anyway, and recovers x̂ from
+    it), plus the LayerNorm 1/std vectors and the bool causal mask. With dropout > 0 the
+    three dropout masks are packed 1 bit per element (n/8 bytes, rounded up).
     """
     B, T, d, H, v = shape.batch, shape.seq_len, shape.d_model, shape.n_head, shape.value_bytes
     E, BHTT, drop = B * T * d, B * H * T * T, shape.dropout > 0
     t = {}
-    t["ln_1.xhat"] = E * v                       # bytes; normalised input
     t["ln_1.rstd"] = B * T * v                   # bytes; 1/std per token
-    t["attn.c_attn.input"] = E * v               # bytes; linear input (ln_1 output)
+    t["attn.c_attn.input"] = E * v               # bytes; ln_1 output: linear input, and ln_1's own save
     t["attn.qkv"] = 3 * E * v                    # bytes; q, k, v: views of one c_attn output, counted once
     t["attn.causal_mask"] = T * T                # bytes; bool [T, T]
     t["attn.softmax_out"] = BHTT * v             # bytes; attention probabilities [B, H, T, T]
     if drop:
-        t["attn.attn_dropout_mask"] = BHTT       # bytes; bool [B, H, T, T]
+        t["attn.attn_dropout_mask"] = -(-BHTT // 8)  # bytes; 1 bit per [B, H, T, T] element
         t["attn.attn_dropout_out"] = BHTT * v    # bytes; dropped probabilities, input of A·V
     t["attn.c_proj.input"] = E * v               # bytes; merged heads
     if drop:
-        t["attn.resid_dropout_mask"] = E         # bytes; bool [B, T, d]
-    t["ln_2.xhat"] = E * v                       # bytes; normalised input
+        t["attn.resid_dropout_mask"] = -(-E // 8)  # bytes; 1 bit per [B, T, d] element
     t["ln_2.rstd"] = B * T * v                   # bytes; 1/std per token
-    t["mlp.c_fc.input"] = E * v                  # bytes; linear input (ln_2 output)
+    t["mlp.c_fc.input"] = E * v                  # bytes; ln_2 output: linear input, and ln_2's own save
     t["mlp.gelu.input"] = 4 * E * v              # bytes; GELU input [B, T, 4d]
     t["mlp.c_proj.input"] = 4 * E * v            # bytes; GELU output [B, T, 4d]
     if drop:
-        t["mlp.resid_dropout_mask"] = E          # bytes; bool [B, T, d]
+        t["mlp.resid_dropout_mask"] = -(-E // 8)  # bytes; 1 bit per [B, T, d] element
     return t
 
 

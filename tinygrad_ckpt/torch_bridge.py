@@ -355,6 +355,7 @@ class Kept:
     ptr: int = 0
     noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
     needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
+    layer_norm_input: bool = False  # a layer norm held it as its input (the engine's layer norm does not)
 
 
 @dataclass
@@ -378,7 +379,7 @@ class SavedBytes:
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
-    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> (Kept, how)
+    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> (Kept, how, the holder's module scope)
     _masks: int = 0  # masks counted in PyTorch's place (hold_mask)
 
     region: object = None  # the checkpointed region running now
@@ -400,8 +401,10 @@ class SavedBytes:
             self.live += nbytes
             if self.live > self.peak:
                 self.peak, self.at_peak = self.live, list(self._live.values())
+        if _is_layer_norm_input(self._live[ptr], _current_scope()):
+            self._live[ptr].layer_norm_input = True
         if (ptr, how) not in self._live_per_holder:
-            self._live_per_holder[ptr, how] = (self._live[ptr], how)
+            self._live_per_holder[ptr, how] = (self._live[ptr], how, _current_scope())
             self.live_per_holder += nbytes
             if self.live_per_holder > self.peak_per_holder:
                 self.peak_per_holder = self.live_per_holder
@@ -415,7 +418,7 @@ class SavedBytes:
         self._masks += 1
         key = (-self._masks, "regenerated")
         record = Kept(_current_scope(), "bool", tuple(noise.shape), noise.numel(), "regenerated", False, key[0])
-        self._live_per_holder[key] = (record, "regenerated")
+        self._live_per_holder[key] = (record, "regenerated", record.scope)
         self._refs[key] += 1
         self.live_per_holder += record.nbytes
         if self.live_per_holder > self.peak_per_holder:
@@ -567,14 +570,23 @@ class TorchStep:
         "comparable": per_holder - dead_cache - noise + noise_elements (a 1-byte mask per element, as the
         engine and PyTorch's CUDA dropout keep)}."""
         records = self.meter.at_peak_per_holder
-        noise = [k for k, _ in records if k.noise]
-        dead = sum(k.nbytes for k, how in records if how == "cached" and not k.needed)
-        regenerated = sum(k.nbytes for k, how in records if how == "regenerated")
+        noise = [k for k, _, _ in records if k.noise]
+        dead = sum(k.nbytes for k, how, _ in records if how == "cached" and not k.needed)
+        regenerated = sum(k.nbytes for k, how, _ in records if how == "regenerated")
+        # a layer norm's input, held by the layer norm (or cached by selective checkpointing only for it to hold)
+        ln_inputs = sum(k.nbytes for k, how, scope in records
+                        if _is_layer_norm_input(k, scope) or (how == "cached" and k.layer_norm_input))
         out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "regenerated": regenerated,
                "dead_cache": dead, "noise": sum(k.nbytes for k in noise),
-               "noise_elements": sum(math.prod(k.shape) for k in noise)}
-        out["comparable"] = out["per_holder"] - dead - out["noise"] + out["noise_elements"]
+               "noise_elements": sum(math.prod(k.shape) for k in noise), "layer_norm_inputs": ln_inputs}
+        out["comparable"] = (out["per_holder"] - dead - out["noise"] + sum(-(-math.prod(k.shape) // 8) for k in noise)
+                             - ln_inputs)
         return out
+
+
+def _is_layer_norm_input(k: Kept, holder: str) -> bool:
+    """A [.., d] array a layer norm module holds for backward: its input (its mean and 1/std are [.., 1])."""
+    return holder.rsplit(".", 1)[-1].startswith("ln") and len(k.shape) > 1 and k.shape[-1] != 1
 
 
 def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
