@@ -215,3 +215,33 @@ def test_lesson8_break_before_softmax_stops_twice(tmp_path, monkeypatch):
     load("08_stepping_through_backward").main(quick=True, out=str(tmp_path), break_at="softmax")
     assert stops == ["transformer.h.1.attn.softmax", "transformer.h.0.attn.softmax"]
     assert not tg.debug.should_break(type("E", (), {"op": "softmax", "name": "x.softmax"})())
+
+
+@pytest.fixture(scope="module")
+def lesson10(tmp_path_factory):
+    return run_quick("10_recomputation_inside_one_op", tmp_path_factory.mktemp("figs10"))
+
+
+def test_lesson10_same_gradients(lesson10):
+    assert lesson10["gradient_max_abs_diff"] < 1e-10
+
+
+def test_lesson10_the_t2_term_is_gone(lesson10):
+    c, b = lesson10["config"], lesson10["t2_coefficient"]
+    L, B, H = c["n_layer"], c["batch"], c["n_head"]
+    assert b["explicit"] == pytest.approx(L * (B * H * 4 + 1), rel=1e-6)  # softmax output + bool mask, per layer
+    assert abs(b["chunked"]) < 1e-6 and abs(b["chunked + checkpoint"]) < 1e-6
+    assert b["explicit + checkpoint"] == pytest.approx(B * H * 4 + 1, rel=1e-6)  # one block's replay keeps it
+    for T, peaks in lesson10["peaks"].items():
+        assert peaks["chunked"] < peaks["explicit"] and peaks["chunked + checkpoint"] < peaks["explicit + checkpoint"]
+        # chunked keeps the same linear bytes at every T: exactly twice as many at twice the T
+        if 2 * T in lesson10["peaks"]:
+            assert lesson10["peaks"][2 * T]["chunked"] == 2 * peaks["chunked"]
+
+
+def test_lesson10_flops(lesson10):
+    T = lesson10["config"]["inventory_T"]
+    f = lesson10["flops"][T]
+    assert f["chunked"]["recompute"] == 0 and f["explicit"]["recompute"] == 0
+    assert f["explicit + checkpoint"]["recompute"] == f["explicit"]["forward"]  # one whole forward again
+    assert f["chunked"]["backward"] - f["explicit"]["backward"] < f["explicit + checkpoint"]["recompute"]

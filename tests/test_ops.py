@@ -48,6 +48,11 @@ def _dropout_fixed_mask(x):
     return F.dropout(x, 0.3, training=True)
 
 
+def _chunked_dropout_fixed_masks(q, k, v):
+    tg.set_rng_state((5, 0))  # the same per-block masks on every call
+    return F.scaled_dot_product_attention(q, k, v, dropout_p=0.3, impl="chunked", block_size=2)
+
+
 def _torch_causal_sdpa(t, q, k, v):
     """Causal attention written out (mask aligned to the bottom right when T_q != T_k)."""
     tq, tk = q.shape[-2], k.shape[-2]
@@ -178,6 +183,17 @@ REGISTRY = [
            torch=lambda t, q, k, v: t.nn.functional.scaled_dot_product_attention(q, k, v)),
     OpCase("sdpa_causal_tq_lt_tk", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=True),
            [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)], torch=_torch_causal_sdpa),
+    OpCase("sdpa_chunked_causal", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, impl="chunked",
+                                                                                 block_size=2),
+           [(2, 2, 5, 4)] * 3,
+           torch=lambda t, q, k, v: t.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)),
+    OpCase("sdpa_chunked_full", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, causal=False, impl="chunked",
+                                                                               block_size=3),
+           [(1, 2, 4, 3)] * 3, torch=lambda t, q, k, v: t.nn.functional.scaled_dot_product_attention(q, k, v)),
+    OpCase("sdpa_chunked_tq_lt_tk", lambda q, k, v: F.scaled_dot_product_attention(q, k, v, impl="chunked",
+                                                                                   block_size=2),
+           [(1, 2, 3, 4), (1, 2, 5, 4), (1, 2, 5, 4)], torch=_torch_causal_sdpa),
+    OpCase("sdpa_chunked_dropout", _chunked_dropout_fixed_masks, [(1, 2, 5, 3)] * 3),
     OpCase("dropout", _dropout_fixed_mask, [(4, 6)]),
 ]
 

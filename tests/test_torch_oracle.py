@@ -33,7 +33,7 @@ def _torch_const(v):
 
 
 def test_every_registry_case_but_dropout_has_a_torch_reference():
-    assert {c.name for c in REGISTRY} - {c.name for c in TORCH_CASES} == {"dropout"}
+    assert {c.name for c in REGISTRY} - {c.name for c in TORCH_CASES} == {"dropout", "sdpa_chunked_dropout"}
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32], ids=["float64", "float32"])
@@ -140,9 +140,10 @@ def _randomise_torch(module, seed):
             p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * 0.3)
 
 
-def test_block_matches_torch_float64(rng):
+@pytest.mark.parametrize("attention", ["explicit", "chunked"])
+def test_block_matches_torch_float64(attention, rng):
     d, n_head, T = 16, 4, 6
-    ours = nn.Block(d, n_head)
+    ours = nn.Block(d, n_head, attention=attention)
     ours.to(np.float64)
     ref = TorchBlock(d, n_head, block_size=8).double()
     _randomise_torch(ref, seed=1)

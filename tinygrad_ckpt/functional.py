@@ -63,17 +63,26 @@ def causal_mask(t_q: int, t_k: int):
     return xp().triu(xp().ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
 
 
-def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float = 0.0, training: bool = True):
-    """softmax(q kᵀ/√d + mask) v, built from primitives so the tape shows each piece.
+def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float = 0.0, training: bool = True,
+                                 impl: str = "explicit", block_size: int = 64):
+    """softmax(q kᵀ/√d + mask) v, q, k, v: [B, H, T, head_dim].
 
-    q, k, v: [B, H, T, head_dim]. The tape keeps q and k (for the scores' backward), the boolean
-    causal mask, the [B, H, T, T] attention weights (softmax output), the dropout mask if any, and v.
+    impl="explicit" builds it from primitives so the tape shows each piece: it keeps q and k (for the
+    scores' backward), the boolean causal mask, the [B, H, T, T] attention weights (softmax output), the
+    dropout mask if any, and v. impl="chunked" is one op (ops.ChunkedAttention) that walks blocks of
+    `block_size` queries and keys with an online softmax: it keeps q, k, v, the output and one
+    log-sum-exp per row, no [T, T] array, and recomputes the weights block by block in backward.
     """
+    if impl not in ("explicit", "chunked"):
+        raise ValueError(f"scaled_dot_product_attention: impl must be 'explicit' or 'chunked', got {impl!r}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if len(t.shape) != 4:
             raise ValueError(
                 f"scaled_dot_product_attention: {name} must be [B, H, T, head_dim], got {list(t.shape)}"
             )
+    if impl == "chunked":
+        return ops.ChunkedAttention.apply(q, k, v, causal=causal, dropout_p=dropout_p if training else 0.0,
+                                          block_size=block_size)
     scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]
     scores = scores * (1.0 / math.sqrt(q.shape[-1]))
     if causal:

@@ -230,12 +230,18 @@ class Dropout(Module):
 
 
 class CausalSelfAttention(Module):
-    """Multi-head causal self-attention with the fused q,k,v projection `c_attn` ([3d, d])."""
+    """Multi-head causal self-attention with the fused q,k,v projection `c_attn` ([3d, d]). `attention`:
+    "explicit" (the [T, T] weights on the tape, as nanoGPT without flash) or "chunked" (ops.ChunkedAttention:
+    no [T, T] array kept, the weights recomputed block by block in backward)."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1,
+                 attention: str = "explicit"):
         super().__init__()
         if d_model % n_heads:
             raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by n_heads={n_heads}")
+        if attention not in ("explicit", "chunked"):
+            raise ValueError(f"CausalSelfAttention: attention must be 'explicit' or 'chunked', got {attention!r}")
+        self.attention = attention
         self.c_attn = Linear(d_model, 3 * d_model)
         self.c_proj = Linear(d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
         self.attn_dropout = Dropout(dropout)
@@ -250,9 +256,13 @@ class CausalSelfAttention(Module):
         q = q.reshape(B, T, H, C // H).transpose(1, 2)  # [B, H, T, hd]
         k = k.reshape(B, T, H, C // H).transpose(1, 2)
         v = v.reshape(B, T, H, C // H).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training)
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training,
+                                           impl=self.attention)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, T, C] (a copy: the transpose is not contiguous)
         return self.resid_dropout(self.c_proj(y))
+
+    def extra_repr(self) -> str:
+        return f"attention={self.attention}"
 
 
 class MLP(Module):
@@ -270,10 +280,11 @@ class MLP(Module):
 class Block(Module):
     """Pre-LayerNorm GPT-2 block: x + attn(ln_1(x)), then + mlp(ln_2(x))."""
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1,
+                 attention: str = "explicit"):
         super().__init__()
         self.ln_1 = LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_heads, dropout, n_layer)
+        self.attn = CausalSelfAttention(d_model, n_heads, dropout, n_layer, attention)
         self.ln_2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout, n_layer)
 
@@ -288,17 +299,18 @@ class GPT(Module):
     `gpt(idx, targets)` -> (logits, loss). idx, targets: integer arrays [B, T]. With targets the
     logits cover every position; without, only the last one (as nanoGPT). `checkpoint` chooses
     activation checkpointing of the blocks: None, "every_layer", "sqrt", an int (that many
-    segments), a policy (selective recomputation inside every block) or a planner Plan.
+    segments), a policy (selective recomputation inside every block) or a planner Plan. `attention`:
+    "explicit" or "chunked", for every block (see CausalSelfAttention).
     """
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
-                 dropout: float = 0.0, checkpoint=None):
+                 dropout: float = 0.0, checkpoint=None, attention: str = "explicit"):
         super().__init__()
         self.transformer = ModuleDict(
             wte=Embedding(vocab_size, d_model),
             wpe=Embedding(block_size, d_model),
             drop=Dropout(dropout),
-            h=ModuleList([Block(d_model, n_head, dropout, n_layer) for _ in range(n_layer)]),
+            h=ModuleList([Block(d_model, n_head, dropout, n_layer, attention) for _ in range(n_layer)]),
             ln_f=LayerNorm(d_model),
         )
         self.lm_head = Linear(d_model, vocab_size, bias=False)

@@ -9,7 +9,7 @@ named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.
 from __future__ import annotations
 
 from . import observe
-from .backend import xp
+from .backend import threads, xp
 from .tensor import Tensor, increment_version
 
 
@@ -128,15 +128,19 @@ class AdamW(Optimizer):
     def update(self, p, g) -> None:
         b1, b2 = self.betas
         st = self._state(p, m=None, v=None)
-        m, v = st["m"], st["v"]
-        m *= b1
-        m += (1 - b1) * g
-        v *= b2
-        v += (1 - b2) * (g * g)
         t = self.step_count
-        if self.weight_decay:
-            p.data *= 1 - self.lr * self.weight_decay
+        decay = 1 - self.lr * self.weight_decay
         step = self.lr / (1 - b1**t)
-        denom = xp().sqrt(v / (1 - b2**t))
-        denom += self.eps
-        p.data -= step * (m / denom)
+
+        def kernel(w, m, v, g):
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * (g * g)
+            if self.weight_decay:
+                w *= decay
+            denom = xp().sqrt(v / (1 - b2**t))
+            denom += self.eps
+            w -= step * (m / denom)
+
+        threads.rows(kernel, p.data, st["m"], st["v"], g)  # on row chunks over the thread pool

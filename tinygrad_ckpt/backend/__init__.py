@@ -87,3 +87,17 @@ def next_generator():
     gen = _current.generator(st.seed, st.counter)
     st.counter += 1
     return gen
+
+
+def next_stream() -> tuple[int, int]:
+    """Reserve one draw, (seed, counter), advancing the counter, for an op that draws in pieces and again in its
+    backward: `stream_generator(stream, i, j)` is then the same generator for piece (i, j) every time."""
+    st = state.local
+    stream = (st.seed, st.counter)
+    st.counter += 1
+    return stream
+
+
+def stream_generator(stream: tuple[int, int], *keys: int):
+    """The generator of one piece of a reserved draw (see next_stream)."""
+    return _current.generator(*stream, *keys)

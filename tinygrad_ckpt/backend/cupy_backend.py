@@ -51,7 +51,10 @@ class CupyBackend(Backend):
         starts = cp.flatnonzero(cp.concatenate([cp.ones(1, dtype=bool), sorted_ids[1:] != sorted_ids[:-1]]))
         target[sorted_ids[starts]] += cp.add.reduceat(rows[order], starts, axis=0)
 
-    def generator(self, seed: int, counter: int):
+    def generator(self, seed: int, counter: int, *keys: int):
+        if keys:  # one piece of a draw: a seed mixed from all the numbers
+            mixed = np.random.SeedSequence([seed, counter, *keys]).generate_state(1)[0]
+            return self._cupy.random.default_rng(int(mixed))
         return self._cupy.random.default_rng(seed * 1_000_003 + counter)
 
     def synchronize(self):

@@ -618,14 +618,21 @@ def put_along_axis(arr, indices, values, axis) -> None:
     """An in-place scatter: changes values only."""
 
 
+def copyto(dst, src, where=True) -> None:
+    """Copy where a mask says: changes values only (NumPy's checks: writeable, broadcastable)."""
+    _elementwise(np.where, (where, src, dst), name="copyto", scalar_result=False)
+    if dst._readonly:
+        raise ValueError("assignment destination is read-only")
+
+
 class _Ufunc:
     """xp.exp(a) and its kin; xp.add.at(a, index, b), an in-place scatter that changes values only."""
 
     def __init__(self, ufunc):
         self.ufunc = ufunc
 
-    def __call__(self, *args):
-        return _elementwise(self.ufunc, args)
+    def __call__(self, *args, out=None):
+        return _elementwise(self.ufunc, args, out=out)
 
     def at(self, a, indices, b) -> None:
         if a._readonly:
@@ -648,10 +655,11 @@ class _Namespace:
 
 
 xp = _Namespace()
-for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis):
+for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis, copyto):
     setattr(xp, _fn.__name__, _fn)
 xp.ones = zeros
-for _name in ("add", "exp", "log", "sqrt", "tanh"):
+xp.empty = zeros
+for _name in ("add", "subtract", "multiply", "exp", "log", "sqrt", "tanh", "maximum"):
     setattr(xp, _name, _Ufunc(getattr(np, _name)))
 
 
@@ -705,5 +713,5 @@ class MetaBackend(Backend):
 
         return _elementwise(erf, (x,))
 
-    def generator(self, seed: int, counter: int):
+    def generator(self, seed: int, counter: int, *keys: int):
         return MetaGenerator()

@@ -47,8 +47,9 @@ class Backend:
         """target[ids[k]] += rows[k] for every k, repeated ids summed (NumPy's add.at: in order, exactly)."""
         self.xp.add.at(target, ids, rows)
 
-    def generator(self, seed: int, counter: int):
-        return np.random.default_rng([seed, counter])
+    def generator(self, seed: int, counter: int, *keys: int):
+        """A generator for draw `counter` of `seed`; `keys` pick one piece of that draw (next_stream)."""
+        return np.random.default_rng([seed, counter, *keys])
 
     def synchronize(self):
         pass

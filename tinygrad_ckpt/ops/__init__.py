@@ -8,6 +8,7 @@ float32 (`ints * 0.5` is float, not a truncated integer).
 from __future__ import annotations
 
 from ._util import constant, unbroadcast
+from .attention import ChunkedAttention
 from .elementwise import Add, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Scale, Sub, Tanh
 from .linalg import Linear, MatMul
 from .movement import Embedding, GetItem, Permute, Reshape, Swapaxes
@@ -17,7 +18,7 @@ from .reduce import Max, Mean, Sum
 __all__ = [
     "Add", "Sub", "Mul", "Scale", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "MaskedFill", "MatMul", "Linear",
     "Reshape", "Permute", "Swapaxes", "GetItem", "Embedding", "GELU", "Softmax", "LogSoftmax",
-    "CrossEntropy", "LayerNorm", "Dropout", "Sum", "Mean", "Max", "unbroadcast",
+    "CrossEntropy", "LayerNorm", "Dropout", "ChunkedAttention", "Sum", "Mean", "Max", "unbroadcast",
 ]
 
 

@@ -6,7 +6,7 @@ What each saves is only what its derivative reads, and only for inputs that need
 
 from __future__ import annotations
 
-from ..backend import xp
+from ..backend import threads, xp
 from ..function import Function
 from ._util import broadcast_shape, numel, unbroadcast
 
@@ -178,19 +178,36 @@ class Tanh(Function):
 
 
 class MaskedFill(Function):
-    """out = value where mask else x (e.g. -inf above the diagonal). Saves the boolean mask."""
+    """out = value where mask else x (e.g. -inf above the diagonal). Saves the boolean mask. Runs on chunks of
+    the leading axes over the thread pool (the mask repeats along them)."""
 
     op = "masked_fill"
 
     @staticmethod
     def forward(ctx, x, mask, value: float):
-        broadcast_shape("masked_fill", x.shape, mask.shape)
+        shape = broadcast_shape("masked_fill", x.shape, mask.shape)
         ctx.x_shape = x.shape
         ctx.save(mask=mask)
         ctx.flops = (numel(x.shape), numel(x.shape))
-        return xp().where(mask, xp().asarray(value, dtype=x.dtype), x)
+        out = xp().empty(shape, dtype=x.dtype)
+        fill = xp().asarray(value, dtype=x.dtype)
+
+        def kernel(out, x):
+            out[...] = x
+            xp().copyto(out, fill, where=mask)
+
+        threads.rows(kernel, out, x, inner=len(mask.shape))
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = xp().where(ctx.saved["mask"], xp().zeros((), dtype=grad_out.dtype), grad_out)
+        mask = ctx.saved["mask"]
+        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+        zero = xp().zeros((), dtype=grad_out.dtype)
+
+        def kernel(grad, grad_out):
+            grad[...] = grad_out
+            xp().copyto(grad, zero, where=mask)
+
+        threads.rows(kernel, grad, grad_out, inner=len(mask.shape))
         return unbroadcast(grad, ctx.x_shape), None

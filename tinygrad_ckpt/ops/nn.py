@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..backend import xp
+from ..backend import threads, xp
 from ..function import Function
 from ._util import check_range, numel
 
@@ -19,7 +19,7 @@ class GELU(Function):
     """Exact GELU: out = x·Φ(x), Φ(x) = ½(1 + erf(x/√2)); tanh form: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
 
     Saves its input x: the derivative Φ(x) + x·φ(x) needs x, and x cannot be recovered from
-    gelu(x) (gelu is not one-to-one for x < 0).
+    gelu(x) (gelu is not one-to-one for x < 0). Runs on row chunks over the thread pool.
     """
 
     @staticmethod
@@ -29,44 +29,90 @@ class GELU(Function):
         ctx.approximate = approximate
         ctx.save(x=x)
         ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
-        if approximate == "tanh":
-            inner = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
-            return 0.5 * x * (1 + inner)
-        cdf = backend.current().erf(x * _SQRT_HALF).astype(x.dtype, copy=False)  # SciPy's erf has no float16 loop
-        cdf += 1
-        cdf *= 0.5 * x
-        return cdf
+        out = xp().empty(x.shape, dtype=x.dtype)
+        threads.rows(_gelu_tanh if approximate == "tanh" else _gelu_erf, out, x)
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x = ctx.saved["x"]
-        if ctx.approximate == "tanh":
-            t = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
-            d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
-        else:
-            cdf = 0.5 * (1 + backend.current().erf(x * _SQRT_HALF))
-            d = cdf + x * (_INV_SQRT_2PI * xp().exp(-0.5 * x * x))
-        return grad_out * d.astype(grad_out.dtype, copy=False)
+        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+        threads.rows(_gelu_tanh_grad if ctx.approximate == "tanh" else _gelu_erf_grad, grad, ctx.saved["x"], grad_out)
+        return grad
+
+
+def _gelu_erf(out, x):
+    out[...] = backend.current().erf(x * _SQRT_HALF)  # SciPy's erf has no float16 loop: the assignment casts
+    out += 1
+    out *= 0.5 * x
+
+
+def _gelu_tanh(out, x):
+    out[...] = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
+    out += 1
+    out *= 0.5 * x
+
+
+def _gelu_erf_grad(out, x, grad_out):
+    """out = g·(Φ(x) + x·φ(x)), with one temporary."""
+    out[...] = backend.current().erf(x * _SQRT_HALF)
+    out += 1
+    out *= 0.5
+    density = x * x
+    density *= -0.5
+    xp().exp(density, out=density)
+    density *= x
+    density *= _INV_SQRT_2PI
+    out += density
+    out *= grad_out
+
+
+def _gelu_tanh_grad(out, x, grad_out):
+    t = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
+    d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
+    xp().multiply(grad_out, d, out=out)
 
 
 class Softmax(Function):
-    """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y)."""
+    """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y).
+    Along the last axis it runs on row chunks over the thread pool."""
 
     @staticmethod
     def forward(ctx, x, axis=-1):
         ctx.axis = axis
-        e = xp().exp(x - x.max(axis=axis, keepdims=True))
-        e /= e.sum(axis=axis, keepdims=True)
-        ctx.save(out=e)
+        out = xp().empty(x.shape, dtype=x.dtype)
+        _by_rows(ctx, _softmax, out, x)
+        ctx.save(out=out)
         ctx.flops = (4 * numel(x.shape), 4 * numel(x.shape))
-        return e
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        y = ctx.saved["out"]
-        gy = grad_out * y
-        gy -= y * gy.sum(axis=ctx.axis, keepdims=True)
-        return gy
+        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+        _by_rows(ctx, _softmax_grad, grad, ctx.saved["out"], grad_out)
+        return grad
+
+
+def _by_rows(ctx, kernel, *arrays):
+    """kernel(*arrays, axis=ctx.axis), on row chunks when the axis is the last one."""
+    axis = ctx.axis
+    if axis in (-1, len(arrays[0].shape) - 1):
+        threads.rows(lambda *chunks: kernel(*chunks, axis=-1), *arrays)
+    else:
+        kernel(*arrays, axis=axis)
+
+
+def _softmax(out, x, axis):
+    xp().subtract(x, x.max(axis=axis, keepdims=True), out=out)
+    xp().exp(out, out=out)
+    out /= out.sum(axis=axis, keepdims=True)
+
+
+def _softmax_grad(out, y, grad_out, axis):
+    """out = y·(g - Σ g·y), with no temporary beyond the row sums."""
+    xp().multiply(grad_out, y, out=out)
+    dot = out.sum(axis=axis, keepdims=True)
+    xp().subtract(grad_out, dot, out=out)
+    out *= y
 
 
 class LogSoftmax(Function):
@@ -146,15 +192,20 @@ class LayerNorm(Function):
                 f"layer_norm: weight {list(weight.shape)} and bias {list(bias.shape)} must both be [{d}] "
                 f"to normalise an input of shape {list(x.shape)} over its last axis."
             )
-        mean = x.mean(axis=-1, keepdims=True)
-        xhat = x - mean
-        var = (xhat * xhat).mean(axis=-1, keepdims=True)
-        rstd = 1 / xp().sqrt(var + eps)
-        xhat *= rstd
+        out = xp().empty(x.shape, dtype=x.dtype)
+        xhat = xp().empty(x.shape, dtype=x.dtype)
+        rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
+
+        def normalise(out, xhat, rstd, x):
+            xp().subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)
+            rstd[...] = 1 / xp().sqrt((xhat * xhat).mean(axis=-1, keepdims=True) + eps)
+            xhat *= rstd
+            xp().multiply(xhat, weight, out=out)
+            out += bias
+
+        threads.rows(normalise, out, xhat, rstd, x)
         ctx.save(xhat=xhat, rstd=rstd, weight=weight)
         ctx.flops = (8 * numel(x.shape), 10 * numel(x.shape))
-        out = xhat * weight
-        out += bias
         return out
 
     @staticmethod
@@ -163,10 +214,16 @@ class LayerNorm(Function):
         rows = grad_out.reshape(-1, grad_out.shape[-1])
         gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)
         gb = rows.sum(axis=0)
-        ghat = grad_out * weight
-        gx = ghat - ghat.mean(axis=-1, keepdims=True)
-        gx -= xhat * (ghat * xhat).mean(axis=-1, keepdims=True)
-        gx *= rstd
+        gx = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+
+        def input_grad(gx, grad_out, xhat, rstd):
+            xp().multiply(grad_out, weight, out=gx)  # ĝ = g·w
+            dot = (gx * xhat).mean(axis=-1, keepdims=True)
+            gx -= gx.mean(axis=-1, keepdims=True)
+            gx -= xhat * dot
+            gx *= rstd
+
+        threads.rows(input_grad, gx, grad_out, xhat, rstd)
         return gx, gw, gb
 
 

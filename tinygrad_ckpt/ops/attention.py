@@ -1,0 +1,149 @@
+"""Attention without the T×T matrix: one op that walks query and key blocks with an online softmax
+(Rabe & Staats 2021, "Self-attention does not need O(n²) memory"; the backward of FlashAttention-2).
+
+Forward, for each block of queries, over the key blocks it can see (a causal mask skips the blocks
+that lie wholly in the future):
+
+    s = (q·scale) kᵀ,  m' = max(m, rowmax s),  p = e^(s - m'),  l ← l·e^(m - m') + Σ p,
+    acc ← acc·e^(m - m') + p v;          at the end  out = acc / l,  lse = m + log l.
+
+It saves q, k, v, the output and the per-row log-sum-exp (B·H·T numbers), never a [T, T] array.
+Backward recomputes each block's probabilities from lse, P = e^(s - lse), and with
+D = rowsum(dO ∘ O):  dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP - D),  dQ += dS K·scale,  dK += dSᵀ Q·scale.
+That is one more [T, T]-sized matrix product than the explicit path's backward: the price of the
+bytes it does not keep (lesson 10).
+
+Dropout on the attention weights draws one mask per block from a reserved random stream
+(backend.next_stream): the forward keeps only the stream's two integers, and the backward (or a
+checkpoint's replay) regenerates each block's mask from them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .. import backend
+from ..backend import xp
+from ..function import Function
+
+
+def _blocks(t: int, size: int):
+    return [(i, min(i + size, t)) for i in range(0, t, size)]
+
+
+class ChunkedAttention(Function):
+    """softmax(q kᵀ/√d + causal mask) v by blocks of `block_size` queries and keys (see the module).
+
+    Saves q, k, v (views of the caller's buffers: in a GPT block, of the q/k/v projection), the output
+    and the per-row log-sum-exp [B, H, T_q, 1]; with dropout, the random stream (two integers).
+    """
+
+    op = "chunked_attention"
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=True, dropout_p=0.0, block_size=64):
+        _check(q, k, v, causal, dropout_p, block_size)
+        tq, tk = q.shape[-2], k.shape[-2]
+        ctx.causal, ctx.dropout_p, ctx.block_size = causal, dropout_p, block_size
+        ctx.scale = 1.0 / math.sqrt(q.shape[-1])
+        ctx.stream = backend.next_stream() if dropout_p > 0 else None
+        out = xp().empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
+        lse = xp().empty(q.shape[:-1] + (1,), dtype=q.dtype)
+        area = 0  # score elements computed: the FLOPs follow it
+        for bi, (i0, i1) in enumerate(_blocks(tq, block_size)):
+            qb = q[..., i0:i1, :] * xp().asarray(ctx.scale, dtype=q.dtype)
+            m = l_sum = acc = None
+            for bj, (j0, j1) in _visible(ctx, i0, i1, tq, tk):
+                s = qb @ k[..., j0:j1, :].swapaxes(-1, -2)  # [B, H, bq, bk]
+                _mask_partial(ctx, s, i0, i1, j0, j1, tq, tk)
+                area += (i1 - i0) * (j1 - j0)
+                block_max = s.max(axis=-1, keepdims=True)
+                m_new = block_max if m is None else xp().maximum(m, block_max)
+                s -= m_new
+                p = xp().exp(s)
+                if m is None:
+                    l_sum, acc = p.sum(axis=-1, keepdims=True), _dropped(ctx, p, bi, bj) @ v[..., j0:j1, :]
+                else:
+                    correction = xp().exp(m - m_new)
+                    l_sum *= correction
+                    l_sum += p.sum(axis=-1, keepdims=True)
+                    acc *= correction
+                    acc += _dropped(ctx, p, bi, bj) @ v[..., j0:j1, :]
+                m = m_new
+            acc /= l_sum
+            out[..., i0:i1, :] = acc
+            lse[..., i0:i1, :] = m + xp().log(l_sum)
+        ctx.save(q=q, k=k, v=v, out=out, lse=lse)
+        batch = math.prod(q.shape[:-2])
+        d, dv = q.shape[-1], v.shape[-1]
+        ctx.flops = (batch * area * (2 * d + 2 * dv + 5),  # q kᵀ, p v, and the softmax's max/subtract/exp/sum
+                     batch * area * (6 * d + 4 * dv + 5))  # q kᵀ again, dV, dP, dQ, dK, and P, dS
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, out, lse = (ctx.saved[n] for n in ("q", "k", "v", "out", "lse"))
+        tq, tk = q.shape[-2], k.shape[-2]
+        scale = xp().asarray(ctx.scale, dtype=q.dtype)
+        row_dot = (grad_out * out).sum(axis=-1, keepdims=True)  # D = rowsum(dO ∘ O)
+        dq = xp().zeros(q.shape, dtype=q.dtype)
+        dk = xp().zeros(k.shape, dtype=k.dtype)
+        dv = xp().zeros(v.shape, dtype=v.dtype)
+        for bi, (i0, i1) in enumerate(_blocks(tq, ctx.block_size)):
+            qb = q[..., i0:i1, :] * scale
+            gb = grad_out[..., i0:i1, :]
+            for bj, (j0, j1) in _visible(ctx, i0, i1, tq, tk):
+                kb, vb = k[..., j0:j1, :], v[..., j0:j1, :]
+                s = qb @ kb.swapaxes(-1, -2)
+                _mask_partial(ctx, s, i0, i1, j0, j1, tq, tk)
+                s -= lse[..., i0:i1, :]
+                p = xp().exp(s)  # the probabilities, recomputed
+                dv[..., j0:j1, :] += _dropped(ctx, p, bi, bj).swapaxes(-1, -2) @ gb
+                dp = _dropped(ctx, gb @ vb.swapaxes(-1, -2), bi, bj)  # dropout's backward is its forward
+                dp -= row_dot[..., i0:i1, :]
+                dp *= p  # dS = P ∘ (dP - D)
+                dq[..., i0:i1, :] += dp @ kb
+                dk[..., j0:j1, :] += dp.swapaxes(-1, -2) @ qb
+        dq *= scale
+        return dq, dk, dv
+
+
+def _visible(ctx, i0: int, i1: int, tq: int, tk: int):
+    """(index, (j0, j1)) of the key blocks queries i0..i1-1 can see. Causal (aligned bottom-right, as
+    functional.causal_mask): query i sees keys j <= i + tk - tq, so blocks starting after the last query's
+    horizon are skipped, not computed."""
+    horizon = i1 - 1 + tk - tq if ctx.causal else tk - 1
+    return [(bj, (j0, j1)) for bj, (j0, j1) in enumerate(_blocks(tk, ctx.block_size)) if j0 <= horizon]
+
+
+def _mask_partial(ctx, s, i0: int, i1: int, j0: int, j1: int, tq: int, tk: int) -> None:
+    """-inf in place where a block straddles the diagonal (key j > query i + tk - tq)."""
+    first_hidden = i0 + tk - tq - j0 + 1  # column offset from the diagonal, in block coordinates
+    if ctx.causal and j1 - 1 >= i0 + tk - tq + 1:  # some key of the block is after the first query's horizon
+        hidden = xp().triu(xp().ones((i1 - i0, j1 - j0), dtype=bool), k=first_hidden)
+        s += xp().where(hidden, xp().asarray(-math.inf, dtype=s.dtype), xp().zeros((), dtype=s.dtype))
+
+
+def _dropped(ctx, p, bi: int, bj: int):
+    """p with block (bi, bj)'s dropout mask applied and kept values scaled by 1/(1 - p); p itself without."""
+    if ctx.stream is None:
+        return p
+    keep = backend.stream_generator(ctx.stream, bi, bj).random(p.shape, dtype=xp().float32) >= ctx.dropout_p
+    out = p * keep
+    out *= xp().asarray(1.0 / (1.0 - ctx.dropout_p), dtype=p.dtype)
+    return out
+
+
+def _check(q, k, v, causal, dropout_p, block_size) -> None:
+    shapes = f"q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}"
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"chunked_attention: block_size must be a positive int (queries and keys per block), "
+                         f"got {block_size!r}; 64 to 256 is a good range")
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"chunked_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"chunked_attention: {shapes} do not fit: q and k need the same leading axes and head_dim, "
+                         "k and v the same leading axes and length (broadcast them first)")
+    if causal and q.shape[-2] > k.shape[-2]:
+        raise ValueError(f"chunked_attention: causal with more queries than keys ({shapes}) leaves the first "
+                         f"{q.shape[-2] - k.shape[-2]} queries with no key to attend to; pass fewer queries")
