@@ -111,6 +111,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
     for heading in ("# Benchmarks", "## Step time, tape overhead and bytes saved per layer", "## Checkpointing cost",
                     "## Scaling", "## Fast float32 erf", "## Profile of our step"):
         assert heading in md
-    assert "| B, T, d, H | layers | ours ms | hand ms |" in md
+    assert "| B, T, d, H | layers | threads | ours ms | hand ms |" in md
+    assert "## Attention without the T×T matrix" in md and "| B, T, d, H | ours explicit | ours chunked |" in md
     assert "Fitted exponents" in md
     assert (tmp_path / "benchmarks.png").stat().st_size > 10_000
