@@ -20,6 +20,8 @@ tinygrad_ckpt/plots.py (plot_memory_timeline, plot_lifetimes).
 Run: python lessons/04_the_ledger.py [--quick] [--out figures]
 Figures: {out}/04_the_ledger_timeline.png, {out}/04_the_ledger_lifetimes.png,
 {out}/04_the_ledger_idle.png; trace: {out}/04_the_ledger_trace.json.
+Page: {out}/04_the_ledger_explorer.html (the same step in the interactive memory explorer:
+open it in a browser).
 """
 
 from __future__ import annotations

@@ -22,6 +22,8 @@ tinygrad_ckpt/backend/__init__.py (get_rng_state / set_rng_state).
 Run: python lessons/05_the_checkpoint_segment.py [--quick] [--out figures]
 Figures: {out}/05_the_checkpoint_segment_timeline.png (memory without / with checkpointing on one
 shared y-axis) and {out}/05_the_checkpoint_segment_flops.png (FLOPs per phase).
+Page: {out}/05_the_checkpoint_segment_explorer.html (the same step in the interactive memory explorer:
+open it in a browser).
 """
 
 from __future__ import annotations

@@ -29,6 +29,8 @@ Figures: {out}/09_seed_at_full_scale_per_layer.png (one layer's saves: the seed'
 engine's terms vs the ledger), {out}/09_seed_at_full_scale_timeline.png (full-size memory timelines,
 shared y-axis, 40 GB and 80 GB marked) and {out}/09_seed_at_full_scale_plans.png (the peak of every
 plan for every optimizer set-up, split by category, against 40 GB and 80 GB).
+Page: {out}/09_seed_at_full_scale_explorer.html (the same step in the interactive memory explorer:
+open it in a browser).
 """
 
 from __future__ import annotations

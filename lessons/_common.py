@@ -84,9 +84,8 @@ def measured_step(model, idx, targets, warmup: bool = True, lr: float = 1e-3):
     with tg.Ledger() as led:
         logits, loss = model(idx, targets)
         loss.backward()
-        with led.phase("optimizer"):  # zero_grad frees the gradients: part of the optimizer's turn
-            opt.step()
-            opt.zero_grad()
+        opt.step()  # step and zero_grad are the ledger's phase "optimizer" by themselves
+        opt.zero_grad()
     value = loss.item()
     del logits, loss
     return led, value

@@ -646,25 +646,11 @@ def run_checkpointed(blocks, x, spec):
     (selective recomputation inside every block) or a planner Plan."""
     from . import planner
 
-    n = len(blocks)
     if isinstance(spec, Policy):
         for block in blocks:
             x = checkpoint(block, x, policy=spec)
         return x
-    if spec == "every_layer":
-        plan = planner.every_layer_plan(n)
-    elif spec == "sqrt":
-        plan = planner.sqrt_plan(n)
-    elif isinstance(spec, int) and not isinstance(spec, bool):
-        plan = planner.balanced_plan(n, spec)
-    elif isinstance(spec, planner.Plan):
-        plan = spec
-    else:
-        raise ValueError(
-            f"GPT(checkpoint={spec!r}): use None, 'every_layer', 'sqrt', a number of segments, a Policy "
-            "(e.g. tinygrad_ckpt.checkpoint.korthikanti_selective) or a planner Plan."
-        )
-    return run_plan(blocks, x, plan)
+    return run_plan(blocks, x, planner.plan_for(len(blocks), spec))
 
 
 __all__ = [

@@ -64,16 +64,7 @@ class SteadyStep:
     def measure(self, checkpoint=None) -> tuple[Ledger, float]:
         """(ledger, seconds) of one step with `checkpoint`: None or "none", "every_layer", "sqrt", a number of
         segments, "selective" (Korthikanti's policy in every block), a Policy or a planner Plan."""
-        self.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
-            if isinstance(checkpoint, str) else checkpoint
-        with using_backend(self.backend_name):
-            t0 = time.perf_counter()
-            with Ledger() as led:
-                self._step()
-                if self.opt is not None:
-                    with led.phase("optimizer"):  # zero_grad frees the gradients: part of the optimizer's turn
-                        self.opt.zero_grad()
-            return led, time.perf_counter() - t0
+        return _measured(self, checkpoint)
 
 
 class ParallelStep:
@@ -130,16 +121,7 @@ class ParallelStep:
 
     def measure(self, checkpoint=None) -> tuple[Ledger, float]:
         """(ledger, seconds) of one step; checkpoint as SteadyStep.measure."""
-        self.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
-            if isinstance(checkpoint, str) else checkpoint
-        with using_backend(self.backend_name):
-            t0 = time.perf_counter()
-            with Ledger() as led:
-                self._step()
-                if self.opt is not None:
-                    with led.phase("optimizer"):
-                        self.opt.zero_grad()
-            return led, time.perf_counter() - t0
+        return _measured(self, checkpoint)
 
     def zero_view(self, led: Ledger) -> dict:
         """Per-device bytes under ZeRO stage z over d replicas, from the measured timeline: optimizer states ÷ d
@@ -153,6 +135,20 @@ class ParallelStep:
         out = {c: round(led.peak_bytes(c) * f) for c, f in share.items()}
         out["peak"] = round(float(total.max()))
         return out
+
+
+def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
+    """(ledger, seconds) of one of `stepper`'s steps under `checkpoint` (see SteadyStep.measure), its
+    zero_grad included (the optimizer's phase frees the gradients)."""
+    stepper.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
+        if isinstance(checkpoint, str) else checkpoint
+    with using_backend(stepper.backend_name):
+        t0 = time.perf_counter()
+        with Ledger() as led:
+            stepper._step()
+            if stepper.opt is not None:
+                stepper.opt.zero_grad()
+        return led, time.perf_counter() - t0
 
 
 def saved_after_forward(led: Ledger, prefix: str = "") -> dict:

@@ -150,6 +150,23 @@ def balanced_plan(n: int, segments: int, last_plain: bool = False) -> Plan:
     return Plan(pieces)
 
 
+def plan_for(n: int, spec, owner: str = "GPT") -> Plan:
+    """The Plan a checkpoint switch names for n blocks: "every_layer", "sqrt", a number of (balanced)
+    segments, or a Plan of its own covering [0, n). `owner` names the caller in the error."""
+    if isinstance(spec, Plan):
+        if (spec.start, spec.stop) != (0, n):
+            raise ValueError(f"checkpoint plan {spec} does not cover the model's {n} blocks [0:{n})")
+        return spec
+    if spec == "every_layer":
+        return every_layer_plan(n)
+    if spec == "sqrt":
+        return sqrt_plan(n)
+    if isinstance(spec, int) and not isinstance(spec, bool) and 1 <= spec <= n:
+        return balanced_plan(n, spec)
+    raise ValueError(f"{owner}(checkpoint={spec!r}): use None, 'every_layer', 'sqrt', a number of segments from 1 "
+                     f"to {n}, a planner Plan or a Policy such as tinygrad_ckpt.korthikanti_selective")
+
+
 def every_layer_plan(n: int) -> Plan:
     """Each layer its own checkpoint: peak = max_k (b_0 + ... + b_k + a_k), recompute = sum f_k."""
     return Plan([Segment(k, k + 1, checkpoint=True) for k in range(n)])

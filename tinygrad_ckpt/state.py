@@ -36,6 +36,10 @@ class ThreadState(threading.local):
         self.anomaly = False
         self.seed, self.counter = 0, 0
 
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items())
+        return f"<this thread's engine state: {fields}>"
+
 
 local = ThreadState()
 

@@ -164,23 +164,7 @@ def run_blocks(blocks, x, spec):
             x = torch_checkpoint.checkpoint(_Region([block]), x, use_reentrant=False,
                                             context_fn=lambda: selective_contexts(spec))
         return x
-    return _run_plan(blocks, x, plan_for(len(blocks), spec))
-
-
-def plan_for(n: int, spec) -> planner.Plan:
-    """The planner Plan that a checkpoint switch names for n blocks (as tinygrad_ckpt.checkpoint.run_checkpointed)."""
-    if isinstance(spec, planner.Plan):
-        if (spec.start, spec.stop) != (0, n):
-            raise ValueError(f"checkpoint plan {spec} does not cover the model's {n} blocks [0:{n})")
-        return spec
-    if spec == "every_layer":
-        return planner.every_layer_plan(n)
-    if spec == "sqrt":
-        return planner.sqrt_plan(n)
-    if isinstance(spec, int) and not isinstance(spec, bool) and 1 <= spec <= n:
-        return planner.sequential_plan(n, spec)
-    raise ValueError(f"TorchGPT(checkpoint={spec!r}): use None, 'every_layer', 'sqrt', a number of segments "
-                     f"from 1 to {n}, a planner Plan or a Policy such as tinygrad_ckpt.korthikanti_selective")
+    return _run_plan(blocks, x, planner.plan_for(len(blocks), spec, owner="TorchGPT"))
 
 
 def _run_plan(blocks, x, plan: planner.Plan):
@@ -617,5 +601,5 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
     return TorchStep(meter, loss.item(), seconds)
 
 
-__all__ = ["TorchGPT", "run_blocks", "plan_for", "engine_op", "selective_contexts", "SavedBytes", "Kept",
+__all__ = ["TorchGPT", "run_blocks", "engine_op", "selective_contexts", "SavedBytes", "Kept",
            "TorchStep", "measure_step"]
