@@ -152,7 +152,7 @@ def test_lesson2_layernorm_keeps_its_output_and_rstd(runs):
 
 def test_lesson2_print_saved_counts_the_blocks_saves_and_draws_the_tape(runs, out):
     r, (B, T, d), f32 = runs[2], (2, 4, 8), 4
-    layer_norm = (B * T * d + B * T) * f32  # xhat and 1/std (its weight is a parameter: not counted)
+    layer_norm = B * T * f32  # 1/std; its output is the MLP's x, kept once (its weight is a parameter: not counted)
     assert r["saved_plain_bytes"] == layer_norm + (B * T * d + 2 * B * T * 4 * d) * f32  # + the MLP's x, gelu's x, x
     assert r["saved_checkpointed_bytes"] == layer_norm + B * T * d * f32  # + only the MLP's input
     assert r["figures"][1] == str(out / "02_why_backward_needs_activations_tape.png")

@@ -46,12 +46,12 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_within_2_percent(plan, dropou
     assert abs(terms["comparable"] / engine - 1) < 0.02, (plan, dropout, engine, terms)
     # each adjustment is a measured term that exists only where its reason does
     assert (terms["noise"] > 0) == (dropout > 0)  # CPU dropout keeps float noise, 4 bytes an element
-    assert terms["noise"] == 4 * terms["noise_elements"]
+    assert terms["noise"] == 32 * terms["noise_bits"]
     assert (terms["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective checkpointing caches
     # ... and only it draws again the noise of a dropout its policy keeps
     assert (terms["regenerated"] > 0) == (plan == "korthikanti_selective" and dropout > 0)
-    assert (terms["per_holder"] > terms["peak"]) == (spec is not None)  # layer norm keeps the checkpoint's input
-    if spec is None and dropout == 0:
+    assert (terms["with_masks"] > terms["peak"]) == (terms["regenerated"] > 0)
+    if dropout == 0 and plan != "korthikanti_selective":
         assert abs(step.peak / engine - 1) < 0.02  # raw, no adjustment needed
 
 
@@ -71,7 +71,7 @@ def test_plans_change_memory_not_results():
         for n, p in model.named_parameters():
             np.testing.assert_allclose(p.grad.numpy(), grads[n], rtol=2e-4, atol=2e-6, err_msg=f"{name}: {n}")
         assert 0 < step.after_forward <= step.peak
-        peaks[name] = step.peak
+        peaks[name] = step.like_for_like()["comparable"]  # raw, selective's dead cache puts it above "none"
     assert peaks["every_layer"] < peaks["sqrt"] < peaks["korthikanti_selective"] < peaks["none"]
 
 

@@ -80,12 +80,46 @@ class MLP(torch.nn.Module):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
 
+class _OutputSavingLayerNorm(torch.autograd.Function):
+    """PyTorch's layer norm with the engine's saves: its output (the next linear keeps it anyway) and 1/std, x̂
+    recovered as (out - b)/w in backward (Apex's "memory efficient" layer norm keeps the same), so a plan's
+    saved bytes compare like for like. Columns whose weight is exactly 0 keep x̂ itself."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, eps):
+        out, _, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+        zero = (weight == 0).nonzero().flatten()
+        kept = ((x[..., zero] - x.mean(-1, keepdim=True)) * rstd,) if zero.numel() else ()
+        ctx.zero = zero
+        ctx.save_for_backward(out, rstd, weight, bias, *kept)
+        return out
+
+    @staticmethod
+    def backward(ctx, g):
+        out, rstd, weight, bias, *kept = ctx.saved_tensors
+        xhat = (out - bias) / torch.where(weight == 0, torch.ones_like(weight), weight)
+        if kept:
+            xhat[..., ctx.zero] = kept[0]
+        gw = (g * xhat).sum(dim=tuple(range(g.dim() - 1)))
+        gb = g.sum(dim=tuple(range(g.dim() - 1)))
+        ghat = g * weight
+        gx = rstd * (ghat - ghat.mean(-1, keepdim=True) - xhat * (ghat * xhat).mean(-1, keepdim=True))
+        return gx, gw, gb, None
+
+
+class LayerNorm(torch.nn.LayerNorm):
+    """torch.nn.LayerNorm that keeps its output and 1/std for backward, not its input (as nn.LayerNorm here)."""
+
+    def forward(self, x):
+        return _OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
+
+
 class Block(torch.nn.Module):
     def __init__(self, d_model: int, n_head: int, dropout: float):
         super().__init__()
-        self.ln_1 = torch.nn.LayerNorm(d_model)
+        self.ln_1 = LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head, dropout)
-        self.ln_2 = torch.nn.LayerNorm(d_model)
+        self.ln_2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout)
 
     def forward(self, x):
@@ -106,7 +140,7 @@ class TorchGPT(torch.nn.Module):
             wpe=torch.nn.Embedding(block_size, d_model),
             drop=torch.nn.Dropout(dropout),
             h=torch.nn.ModuleList([Block(d_model, n_head, dropout) for _ in range(n_layer)]),
-            ln_f=torch.nn.LayerNorm(d_model),
+            ln_f=LayerNorm(d_model),
         ))
         self.lm_head = torch.nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
@@ -339,31 +373,28 @@ class Kept:
     ptr: int = 0
     noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
     needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
-    layer_norm_input: bool = False  # a layer norm held it as its input (the engine's layer norm does not)
 
 
 @dataclass
 class SavedBytes:
     """Live bytes kept for backward, each storage counted once while any holder keeps it, and their peak.
 
-    A second count, `per_holder`, counts a storage once per kind of holder (saved / recomputed / cached): where
-    a replayed op keeps a tensor the checkpoint already holds (PyTorch's layer norm keeps its input, the block
-    input), it is counted twice, as in an engine whose op keeps its own array; and where selective checkpointing
-    regenerates the noise of a dropout the policy keeps (an in-place random op cannot be cached), it counts the
-    1-byte mask the engine keeps (hold_mask). Each count notes what was live at its peak."""
+    A second count, `with_masks`, adds what the engine keeps where PyTorch keeps nothing: where selective
+    checkpointing regenerates the noise of a dropout the policy keeps (an in-place random op cannot be cached),
+    the engine keeps a mask of 1 bit per element (hold_mask). Each count notes what was live at its peak."""
 
     exclude: set = field(default_factory=set)  # storage pointers not to count (the parameters)
     live: int = 0
     peak: int = 0
     at_peak: list = field(default_factory=list)  # Kept records live at the peak
-    live_per_holder: int = 0
-    peak_per_holder: int = 0
-    at_peak_per_holder: list = field(default_factory=list)  # (Kept, how) pairs live at that peak
+    live_with_masks: int = 0
+    peak_with_masks: int = 0
+    at_peak_with_masks: list = field(default_factory=list)  # Kept records live at that peak
     after_forward: int = 0
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
-    _live_per_holder: dict = field(default_factory=dict)  # (ptr, how) -> (Kept, how, the holder's module scope)
+    _live_with_masks: dict = field(default_factory=dict)  # ptr (a mask: a negative number) -> Kept
     _masks: int = 0  # masks counted in PyTorch's place (hold_mask)
 
     region: object = None  # the checkpointed region running now
@@ -385,30 +416,26 @@ class SavedBytes:
             self.live += nbytes
             if self.live > self.peak:
                 self.peak, self.at_peak = self.live, list(self._live.values())
-        if _is_layer_norm_input(self._live[ptr], _current_scope()):
-            self._live[ptr].layer_norm_input = True
-        if (ptr, how) not in self._live_per_holder:
-            self._live_per_holder[ptr, how] = (self._live[ptr], how, _current_scope())
-            self.live_per_holder += nbytes
-            if self.live_per_holder > self.peak_per_holder:
-                self.peak_per_holder = self.live_per_holder
-                self.at_peak_per_holder = list(self._live_per_holder.values())
+            self._count_with_masks(record)
         self._refs[ptr, how] += 1
         return ptr, how
 
     def hold_mask(self, noise: torch.Tensor) -> tuple:
-        """Count, in the per-holder count only, the 1-byte mask the engine keeps where PyTorch regenerates
+        """Count, in `with_masks` only, the 1-bit-per-element mask the engine keeps where PyTorch regenerates
         `noise` in the replay; returns the key to release it with."""
         self._masks += 1
         key = (-self._masks, "regenerated")
-        record = Kept(_current_scope(), "bool", tuple(noise.shape), noise.numel(), "regenerated", False, key[0])
-        self._live_per_holder[key] = (record, "regenerated", record.scope)
+        record = Kept(_current_scope(), "bits", tuple(noise.shape), -(-noise.numel() // 8), "regenerated", False,
+                      key[0])
         self._refs[key] += 1
-        self.live_per_holder += record.nbytes
-        if self.live_per_holder > self.peak_per_holder:
-            self.peak_per_holder = self.live_per_holder
-            self.at_peak_per_holder = list(self._live_per_holder.values())
+        self._count_with_masks(record)
         return key
+
+    def _count_with_masks(self, record: Kept) -> None:
+        self._live_with_masks[record.ptr] = record
+        self.live_with_masks += record.nbytes
+        if self.live_with_masks > self.peak_with_masks:
+            self.peak_with_masks, self.at_peak_with_masks = self.live_with_masks, list(self._live_with_masks.values())
 
     def read(self, ptr: int) -> None:
         """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
@@ -422,12 +449,13 @@ class SavedBytes:
         if self._refs[key]:
             return
         del self._refs[key]
-        self.live_per_holder -= self._live_per_holder.pop(key)[0].nbytes
         ptr = key[0]
         if key[1] == "regenerated":
+            self.live_with_masks -= self._live_with_masks.pop(ptr).nbytes
             return
         if not any((ptr, how) in self._refs for how in ("saved", "recomputed", "cached")):
             self.live -= self._live.pop(ptr).nbytes
+            self.live_with_masks -= self._live_with_masks.pop(ptr).nbytes
 
     def release_tensor(self, t: torch.Tensor, how: str) -> None:
         """The cache handed t back to a replay: no longer held by it."""
@@ -545,32 +573,21 @@ class TorchStep:
 
     def like_for_like(self) -> dict:
         """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
-        the per-holder count: {"peak": distinct storages, "per_holder": ..., "regenerated": 1-byte masks counted
-        where selective checkpointing regenerates dropout noise the engine's policy keeps (in per_holder),
-        "dead_cache": bytes selective
-        checkpointing cached that no autograd node kept and no replayed op read (outputs backward never needs,
-        such as a Linear's before a residual add), "noise": float dropout noise (CPU dropout keeps it at the
-        value dtype, see _is_noise), "noise_elements", and
-        "comparable": per_holder - dead_cache - noise + noise_elements (a 1-byte mask per element, as the
-        engine and PyTorch's CUDA dropout keep)}."""
-        records = self.meter.at_peak_per_holder
-        noise = [k for k, _, _ in records if k.noise]
-        dead = sum(k.nbytes for k, how, _ in records if how == "cached" and not k.needed)
-        regenerated = sum(k.nbytes for k, how, _ in records if how == "regenerated")
-        # a layer norm's input, held by the layer norm (or cached by selective checkpointing only for it to hold)
-        ln_inputs = sum(k.nbytes for k, how, scope in records
-                        if _is_layer_norm_input(k, scope) or (how == "cached" and k.layer_norm_input))
-        out = {"peak": self.meter.peak, "per_holder": self.meter.peak_per_holder, "regenerated": regenerated,
-               "dead_cache": dead, "noise": sum(k.nbytes for k in noise),
-               "noise_elements": sum(math.prod(k.shape) for k in noise), "layer_norm_inputs": ln_inputs}
-        out["comparable"] = (out["per_holder"] - dead - out["noise"] + sum(-(-math.prod(k.shape) // 8) for k in noise)
-                             - ln_inputs)
+        the `with_masks` count: {"peak": distinct storages, "with_masks": ..., "regenerated": the 1-bit masks
+        counted where selective checkpointing regenerates dropout noise the engine's policy keeps,
+        "dead_cache": bytes selective checkpointing cached that no autograd node kept and no replayed op read
+        (outputs backward never needs, such as a Linear's before a residual add), "noise": float dropout noise
+        (CPU dropout keeps it at the value dtype, see _is_noise), "noise_bits": the same noise as masks of 1 bit
+        per element, as the engine keeps, and "comparable": with_masks - dead_cache - noise + noise_bits}."""
+        records = self.meter.at_peak_with_masks
+        noise = [k for k in records if k.noise]
+        out = {"peak": self.meter.peak, "with_masks": self.meter.peak_with_masks,
+               "regenerated": sum(k.nbytes for k in records if k.how == "regenerated"),
+               "dead_cache": sum(k.nbytes for k in records if k.how == "cached" and not k.needed),
+               "noise": sum(k.nbytes for k in noise),
+               "noise_bits": sum(-(-math.prod(k.shape) // 8) for k in noise)}
+        out["comparable"] = out["with_masks"] - out["dead_cache"] - out["noise"] + out["noise_bits"]
         return out
-
-
-def _is_layer_norm_input(k: Kept, holder: str) -> bool:
-    """A [.., d] array a layer norm module holds for backward: its input (its mean and 1/std are [.., 1])."""
-    return holder.rsplit(".", 1)[-1].startswith("ln") and len(k.shape) > 1 and k.shape[-1] != 1
 
 
 def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
