@@ -120,3 +120,28 @@ def test_one_meter_at_a_time():
     with tb.SavedBytes(), pytest.raises(RuntimeError, match="one meter"):
         tb.SavedBytes().__enter__()
     assert tb.SavedBytes.active is None
+
+
+@pytest.mark.parametrize("zero_weight", [False, True])
+def test_output_saving_layer_norm_matches_pytorchs(zero_weight):
+    """torch_bridge.LayerNorm keeps its output and 1/std, not its input; its gradients are torch.nn.LayerNorm's
+    (float64 central differences too), a weight of exactly 0 included."""
+    torch.manual_seed(0)
+    ours, stock = tb.LayerNorm(6).double(), torch.nn.LayerNorm(6).double()
+    with torch.no_grad():
+        for m in (ours, stock):
+            m.weight.copy_(torch.linspace(-1.5, 2.0, 6, dtype=torch.float64))
+            m.bias.copy_(torch.linspace(0.3, -0.7, 6, dtype=torch.float64))
+            if zero_weight:
+                m.weight[2] = 0.0
+    x = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w, b: tb._OutputSavingLayerNorm.apply(x, w, b, 1e-5),
+                                    (x, ours.weight, ours.bias))
+    g = torch.randn(3, 4, 6, dtype=torch.float64)
+    grads = [torch.autograd.grad(m(x), (x, m.weight, m.bias), g) for m in (ours, stock)]
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: kept.append(t) or t, lambda t: t):
+        kept = []
+        ours(x)
+    assert not any(t.data_ptr() == x.data_ptr() for t in kept)  # the input is not kept
