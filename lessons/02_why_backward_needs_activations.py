@@ -254,7 +254,7 @@ def headline(r: dict) -> list[str]:
     return [f"gelu({r['x1']:.3f}) = gelu({r['x2']:.3f}) = {r['target']}, but gelu' = {r['dgelu_x1']:.3f} vs "
             f"{r['dgelu_x2']:.3f}: backward needs x, not gelu(x)",
             f"softmax keeps its output ({r['softmax_saved_bytes']} B, the output array itself); layer norm keeps "
-            f"x̂ and 1/std ({r['layernorm_activation_bytes']} B)"]
+            f"its output and 1/std ({r['layernorm_activation_bytes']} B)"]
 
 
 if __name__ == "__main__":

@@ -277,7 +277,7 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -
         ("(sbh/t)(34+5as/h)" if sp else "sbh(10+24/t+5as/(ht))")
 
     def measured_by(op: str) -> int:
-        """Bytes the ops of this kind keep for their own backward ("…h.0.ln_1.layer_norm:xhat"; not the outputs a
+        """Bytes the ops of this kind keep for their own backward ("…h.0.ln_1.layer_norm:rstd"; not the outputs a
         selective policy kept, "...[kept: ...]:kept0.out0", which stand for the next op's input)."""
         return sum(e.nbytes for e in saves.values() if e.name.split(":")[0].split("[")[0].rsplit(".", 1)[-1] == op
                    and not re.fullmatch(r"kept\d+\.out\d+", e.name.rsplit(":", 1)[-1])) // in_flight

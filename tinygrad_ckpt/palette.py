@@ -36,7 +36,7 @@ def layer_of(name: str) -> str:
     """The layer an op or a saved buffer belongs to: its path up to the first index, or else its module.
 
     'transformer.h.3.mlp.gelu:x' -> 'transformer.h.3', 'transformer.h.0-3.checkpoint' -> 'transformer.h.0-3',
-    'transformer.ln_f.layer_norm:xhat' -> 'transformer.ln_f', and an op outside any module names
+    'transformer.ln_f.layer_norm:rstd' -> 'transformer.ln_f', and an op outside any module names
     itself: 'cross_entropy:logits' -> 'cross_entropy'.
     """
     parts = name.split(":")[0].split(".")
