@@ -287,7 +287,8 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -
                   "the ledger's layer-norm saves minus the paper's inputs (this engine: 1/std; the output it keeps is "
                   "the next linear's input, a term of the paper's)"),
                  ("causal mask [T, T]", measured_by("masked_fill"), "the paper's attention keeps no mask"),
-                 ("dropout masks", measured_by("dropout") - masks, "the ledger's masks (1 bit an element) minus the paper's (1 B)")]
+                 ("dropout masks", measured_by("dropout") - masks,
+                  "the ledger's masks (1 bit an element) minus the paper's (1 B)")]
     if shape.dropout == 0:
         explained.append(("no attention dropout output", -terms.get("attn.softmax_dropout_output", 0),
                           "dropout is 0: A·V reads the softmax output itself"))
