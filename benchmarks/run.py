@@ -13,7 +13,7 @@ Measured side by side, in one process, with every library pinned to the same num
   4. scaling in layers, T and d, with fitted exponents;
   5. attention: bytes per layer of our explicit and chunked attention against PyTorch eager and SDPA,
      and step time as T grows to 4096;
-  plus the fast float32 erf against SciPy's, and a profile of our step with measured fixes.
+  plus the fast float32 erf against SciPy's, and a profile of our step with changes measured but not applied.
 
 Threads: `--threads 1,2` measures every step at each count, interleaved in the same rounds (BLAS through
 threadpoolctl, torch.set_num_threads, and the engine's own pool, tinygrad_ckpt.backend.threads).
@@ -664,13 +664,12 @@ def _t(fn, reps=None, min_s=0.15) -> float:
 
 
 def bench_fixes(shape, args) -> list:
-    """Concrete engine changes, each timed on the real arrays of one layer: (current, proposed) seconds."""
+    """Engine changes measured but not applied, each timed on the real arrays of one layer: (current, proposed)
+    seconds."""
     B, T, d, H = shape
     hd = d // H
     rng = np.random.default_rng(1)
     E = (B, T, d)
-    x4 = rng.standard_normal((B, T, 4 * d)).astype(F32)
-    g4 = rng.standard_normal((B, T, 4 * d)).astype(F32)
     xe = rng.standard_normal(E).astype(F32)
     ge = rng.standard_normal(E).astype(F32)
     w = rng.standard_normal(d).astype(F32)
@@ -682,33 +681,7 @@ def bench_fixes(shape, args) -> list:
     def ctx(n=1):
         return Context(tuple([True] * n), saving=True)
 
-    # 1. GELU with erf_float32 (forward + backward of the engine's op)
-    def gelu_op():
-        c = ctx()
-        tgops.GELU.forward(c, x4)
-        tgops.GELU.backward(c, g4)
-
-    fixes.append(dict(
-        name="GELU: erf_float32 instead of scipy.special.erf (float32)", per_layer=1,
-        current=_t(gelu_op), proposed=_t(lambda: with_fast_erf(gelu_op)),
-        how="backend.erf: float32 -> tinygrad_ckpt.backend.erf.erf_float32 (float64 keeps SciPy)"))
-
-    # 2. GELU backward: save Φ(x) in forward? (memory!) -- no: reuse the erf pass, fuse the pdf
-    def gelu_bwd_current():
-        c = ctx()
-        c.saved["x"] = x4
-        c.approximate = "none"
-        with_fast_erf(lambda: tgops.GELU.backward(c, g4))
-
-    def gelu_bwd_inplace():
-        with_fast_erf(lambda: hw._gelu_backward(g4, x4))
-
-    fixes.append(dict(
-        name="GELU backward in place (one buffer, no temporaries), with fast erf", per_layer=1,
-        current=_t(gelu_bwd_current), proposed=_t(gelu_bwd_inplace),
-        how="d = erf(x/√2); d += 1; d *= .5; p = x²; p *= -.5; exp(p, out=p); p *= x/√(2π); d += p; d *= g"))
-
-    # 3. LayerNorm backward
+    # LayerNorm backward
     xhat = (xe - xe.mean(-1, keepdims=True)) / xe.std(-1, keepdims=True)
     rstd = (1 / xe.std(-1, keepdims=True)).astype(F32)
 
@@ -726,35 +699,18 @@ def bench_fixes(shape, args) -> list:
         current=_t(ln_current), proposed=_t(lambda: hw._layer_norm_backward(ge, xhat, rstd, w)),
         how="gw = einsum('ij,ij->j', g, x̂); Σ ĝ·x̂ by einsum (no ĝ·x̂ temporary); gx -= x̂·dot in place"))
 
-    # 4. masked_fill backward: the gradient is already 0 where the mask is (softmax output is 0 there)
-    fixes.append(dict(
-        name="masked_fill backward: skip when it feeds softmax, else np.copyto(g, 0, where=mask)", per_layer=1,
-        current=_t(lambda: np.where(mask, np.zeros((), F32), gs)),
-        proposed=_t(lambda: np.copyto(gs, 0, where=mask)),
-        how="in place on an owned gradient (or nothing at all after softmax: y = 0 there, so dy·y = 0)"))
-
-    # 5. scale + mask as softmax parameters: drop the scores*scale and masked_fill passes (fwd + bwd)
-    scale = np.asarray(1 / math.sqrt(hd), F32)
-
-    def scale_mask_current():
-        s = scores * scale
-        s = np.where(mask, np.asarray(-np.inf, F32), s)
-        tgops.Softmax.forward(ctx(), s)
-        g = np.where(mask, np.zeros((), F32), gs)
-        g * scale
-
-    def scale_mask_fused():
-        s = scores * scale  # one pass: scale, then fill in place (the array is ours)
-        np.copyto(s, -np.inf, where=mask)
-        tgops.Softmax.forward(ctx(), s)
-        gs * scale
+    # masked_fill backward: the gradient is already 0 where the mask is (softmax output is 0 there)
+    def masked_fill_current():
+        c = ctx()
+        c.saved["mask"], c.scale, c.x_shape = mask, 1 / math.sqrt(hd), gs.shape
+        tgops.MaskedFill.backward(c, gs)
 
     fixes.append(dict(
-        name="attention: scale and causal mask inside one op (no extra [B,H,T,T] arrays)", per_layer=1,
-        current=_t(scale_mask_current), proposed=_t(scale_mask_fused),
-        how="F.scaled_dot_product_attention: scores *= scale and copyto(-inf, where=mask) in place"))
+        name="masked_fill backward: only the scale when it feeds softmax", per_layer=1,
+        current=_t(masked_fill_current), proposed=_t(lambda: gs * np.asarray(1 / math.sqrt(hd), F32)),
+        how="after softmax the gradient is 0 where the mask is already (y = 0 there, so dy·y = 0)"))
 
-    # 6. q, k, v slices: 3 x (zeros[B,T,3d] + copy) + 2 sums  ->  one [B,T,3d] buffer
+    # q, k, v slices: 3 x (zeros[B,T,3d] + copy) + 2 sums  ->  one [B,T,3d] buffer
     qkv_shape = (B, T, 3 * d)
     gq = [rng.standard_normal((B, H, T, hd)).astype(F32) for _ in range(3)]
 
@@ -777,13 +733,13 @@ def bench_fixes(shape, args) -> list:
         current=_t(split_current), proposed=_t(split_fused),
         how="a Split/Chunk op: backward = np.empty(3d) + three strided copies; no zeros, no tape sums"))
 
-    # 7. tape gradient sums: a + b (new array) vs in place into an owned gradient
+    # tape gradient sums: a + b (new array) vs in place into an owned gradient
     fixes.append(dict(
         name="tape: add a second gradient in place when the first is a fresh array", per_layer=2,
         current=_t(lambda: xe + ge), proposed=_t(lambda: np.add(xe, ge, out=xe)),
         how="_summed allocates a+b each time; ops whose backward returns fresh arrays could mark them owned"))
 
-    # 8. softmax backward
+    # softmax backward
     y = np.exp(scores - scores.max(-1, keepdims=True))
     y /= y.sum(-1, keepdims=True)
 
@@ -796,19 +752,6 @@ def bench_fixes(shape, args) -> list:
         dot = np.einsum("...i,...i->...", gs, y)[..., None]  # Σ g·y without a g·y temporary
         g = gs - dot
         g *= y
-
-    def sm_fwd_current():
-        tgops.Softmax.forward(ctx(), scores)
-
-    def sm_fwd_inplace():
-        e = scores - scores.max(-1, keepdims=True)
-        np.exp(e, out=e)
-        e /= e.sum(-1, keepdims=True)
-
-    fixes.append(dict(
-        name="softmax forward: exp in place (one [B,H,T,T] allocation instead of two)", per_layer=1,
-        current=_t(sm_fwd_current), proposed=_t(sm_fwd_inplace),
-        how="e = x - max; np.exp(e, out=e); e /= Σe"))
 
     fixes.append(dict(
         name="softmax backward: y·(g - Σg·y) with one temporary", per_layer=1,
@@ -1104,7 +1047,7 @@ def profile_text(p) -> str:
         out.append(f"| {k} | {v['n']} | {v['fwd'] * 1e3:.2f} | {v['bwd'] * 1e3:.2f} | "
                    f"{(v['fwd'] + v['bwd']) / p['instrumented']:.1%} |")
     out.append("")
-    out.append("Measured fixes (each on the real arrays of one layer of the shape in the header; "
+    out.append("Measured, not applied (each on the real arrays of one layer of the shape in the header; "
                "gain per step = (current - proposed) × occurrences per layer × layers):")
     out.append("")
     out.append("| change | current ms | proposed ms | gain per step | share of our step | how |")

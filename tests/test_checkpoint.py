@@ -193,6 +193,31 @@ def test_replay_that_behaves_differently_is_named():
         y.sum().backward()
 
 
+def test_a_one_bit_difference_in_a_save_is_caught():
+    """The value check fingerprints bits: one element off by one ulp (lost in a float sum of 10⁶ values), or
+    0.0 turned -0.0, is a diverged replay, named at the op that saved it."""
+    big = np.full(10**6, 1e6)
+    calls = {"n": 0}
+
+    def nudged(a):
+        calls["n"] += 1
+        w = big.copy()
+        if calls["n"] == 2:
+            w[7] = np.nextafter(w[7], np.inf)
+        return a * tg.Tensor(w)
+
+    x = tg.Tensor(np.ones(10**6), requires_grad=True)
+    nudged_copy = big.copy()
+    nudged_copy[7] = np.nextafter(1e6, np.inf)
+    assert big.sum() == nudged_copy.sum()  # a float sum does not see it
+    y = tg.checkpoint(nudged, x)
+    with pytest.raises(tg.CheckpointError, match=r"diverged at op 'mul' \(mul\): saved 'b' \[1000000\] float64"):
+        y.sum().backward()
+    from tinygrad_ckpt.checkpoint import _checksum
+    assert _checksum(np.zeros(3), np) != _checksum(np.array([0.0, -0.0, 0.0]), np)
+    assert _checksum(np.arange(5, dtype=np.float32), np) == _checksum(np.arange(5, dtype=np.float32), np)  # 20 bytes
+
+
 def test_replay_with_other_shapes_is_named():
     x = tg.Tensor(np.ones((4, 3)), requires_grad=True)
     calls = {"n": 0}

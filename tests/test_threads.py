@@ -1,5 +1,6 @@
-"""The thread pool for the big elementwise ops (backend/threads.py): results and gradients bit for bit
-those of one thread, on arrays big enough to be split, and the thread count's errors."""
+"""Blocks of rows and the thread pool for the big elementwise ops (backend/threads.py): results and gradients
+bit for bit those of one call on the whole arrays, on arrays big enough to be split, and the thread count's
+errors."""
 
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ from tinygrad_ckpt.backend import threads as pool
 
 @pytest.fixture
 def small_chunks(monkeypatch):
-    """Split arrays of a few thousand elements, so the tests stay small and the threads really run."""
+    """Split arrays of a few thousand elements into blocks of ~200, so the tests stay small and the threads
+    really run."""
     monkeypatch.setattr(pool, "MIN_ELEMENTS", 256)
+    monkeypatch.setattr(pool, "BLOCK_ELEMENTS", 200)
     previous = pool.set_threads(1)
     yield
     pool.set_threads(previous)
@@ -42,11 +45,13 @@ CASES = {
 
 @pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_op_is_bit_equal_on_every_thread_count(name, dtype, small_chunks, rng):
+def test_op_is_bit_equal_on_every_thread_count(name, dtype, small_chunks, rng, monkeypatch):
     fn, shapes = CASES[name]
     arrays = [rng.standard_normal(s).astype(dtype) for s in shapes]
-    one = _run(fn, arrays, threads=1)
-    for threads in (2, 3, 7):
+    with monkeypatch.context() as m:
+        m.setattr(pool, "BLOCK_ELEMENTS", 1 << 30)
+        one = _run(fn, arrays, threads=1)  # one call on the whole arrays
+    for threads in (1, 2, 3, 7):
         many = _run(fn, arrays, threads=threads)
         for i, (a, b) in enumerate(zip(one, many)):
             assert a.dtype == b.dtype
@@ -54,7 +59,9 @@ def test_op_is_bit_equal_on_every_thread_count(name, dtype, small_chunks, rng):
 
 
 def test_the_split_really_happens(small_chunks, monkeypatch):
-    """The kernel runs once per chunk, on as many threads as asked (and once, whole, for one thread)."""
+    """The kernel runs once per share, on as many threads as asked (and once, whole, for one thread), and per
+    block of rows within a share."""
+    monkeypatch.setattr(pool, "BLOCK_ELEMENTS", 1 << 30)
     calls = []
 
     def kernel(out, x):
@@ -71,6 +78,15 @@ def test_the_split_really_happens(small_chunks, monkeypatch):
     pool.set_threads(1)
     pool.rows(kernel, out, x)
     assert calls == [(64, 40)]
+    calls.clear()
+    monkeypatch.setattr(pool, "BLOCK_ELEMENTS", 400)  # 10 rows of 40
+    pool.rows(kernel, out, x)
+    assert calls == [(10, 40)] * 6 + [(4, 40)]
+    calls.clear()
+    pool.set_threads(2)
+    pool.rows(kernel, out, x)
+    assert sorted(calls) == sorted(([(10, 40)] * 3 + [(2, 40)]) * 2)  # two shares of 32 rows, each in blocks
+    np.testing.assert_array_equal(out, x * 2)
 
 
 def test_adamw_steps_are_bit_equal_on_every_thread_count(small_chunks):

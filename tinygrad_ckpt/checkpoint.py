@@ -13,7 +13,7 @@ are captured there and returned; parameters receive theirs in `.grad` during the
 as in the plain run. Replayed ops draw the same random numbers, so gradients are bitwise identical.
 
 While the forward runs, the segment notes what every op would have saved: shapes, dtypes and a
-float64 checksum. The replay is compared against that list; the first op that differs is named in
+checksum of its bits. The replay is compared against that list; the first op that differs is named in
 a `CheckpointError` (PyTorch compares metadata only).
 
 A `policy` makes the segment selective: for each op it decides "save" (keep what the op saves,
@@ -23,7 +23,6 @@ that stash during the replay instead of running again.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -151,25 +150,25 @@ def as_policy(policy) -> Policy | None:
 
 
 # ---- what a segment observes and keeps ----------------------------------------------------------
-def _checksum(a, sample: bool = False):
-    """Sum in float64 of an array (None without values); `sample`: of a strided view of at most 16 elements per
-    axis, cheap enough to take of every op's output."""
-    be = backend.current()
-    if not be.has_values or not be.is_array(a) or a.dtype.kind not in "fciub":
+def _checksum(a, xp, sample: bool = False) -> int | None:
+    """A fingerprint of an array's bits: the sum of its 8-byte words, wrapping around, so a change to any one
+    element changes it (and -0.0 differs from 0.0: the replay must be bit for bit). `sample`: of a strided view
+    of at most 16 elements per axis, cheap enough to take of every op's output."""
+    if a.dtype.kind not in "fciub":
         return None
     if sample:
         a = a[tuple(slice(None, None, max(1, n // 16)) for n in a.shape)]
-    return float(a.sum(dtype="float64"))
-
-
-def _same(x, y) -> bool:
-    return x == y or (x is not None and y is not None and math.isnan(x) and math.isnan(y))
+    flat = xp.ascontiguousarray(a).reshape(-1)
+    words = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(np.uint8)
+    return int(words.sum(dtype=np.uint64))
 
 
 def _described(arrays, check: str, sample: bool) -> tuple:
-    """(key, shape, dtype, checksum) per array: what the determinism check compares."""
-    return tuple((k, tuple(a.shape), str(a.dtype), _checksum(a, sample) if check == "values" else None)
-                 for k, a in arrays if backend.current().is_array(a))
+    """(key, shape, dtype, checksum or None) per array: what the determinism check compares."""
+    be = backend.current()
+    values = check == "values" and be.has_values
+    return tuple((k, tuple(a.shape), a.dtype, _checksum(a, be.xp, sample) if values else None)
+                 for k, a in arrays if be.is_array(a))
 
 
 @dataclass
@@ -380,7 +379,7 @@ def _compare(a: Observation, b: Observation, what: str, before: tuple, after: tu
         if shape != shape2 or dtype != dtype2:
             raise CheckpointError(f"checkpoint replay diverged at op '{a.name}' ({a.op}): {what} '{key}' was "
                                   f"{list(shape)} {dtype} in forward but {list(shape2)} {dtype2} in the replay." + _TIP)
-        if not _same(value, value2):
+        if value != value2:
             raise CheckpointError(
                 f"checkpoint replay diverged at op '{a.name}' ({a.op}): {what} '{key}' {list(shape)} {dtype} has "
                 f"checksum {value!r} in forward but {value2!r} in the replay: the segment is not deterministic "

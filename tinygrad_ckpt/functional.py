@@ -84,9 +84,12 @@ def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float 
         return ops.ChunkedAttention.apply(q, k, v, causal=causal, dropout_p=dropout_p if training else 0.0,
                                           block_size=block_size)
     scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]
-    scores = scores * (1.0 / math.sqrt(q.shape[-1]))
-    if causal:
-        scores = ops.MaskedFill.apply(scores, causal_mask(q.shape[-2], k.shape[-2]), value=float("-inf"))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if causal:  # scaled and masked in one op: one [B, H, T, T] array fewer
+        scores = ops.MaskedFill.apply(scores, causal_mask(q.shape[-2], k.shape[-2]), value=float("-inf"),
+                                      scale=scale)
+    else:
+        scores = scores * scale
     att = softmax(scores, axis=-1)
     att = dropout(att, dropout_p, training)
     return att @ v  # [B, H, T, head_dim]

@@ -1,12 +1,17 @@
-"""Every core for the big elementwise ops: run a kernel on row chunks on a small thread pool.
+"""Every core, and the cache, for the big elementwise ops: run a kernel on blocks of rows.
 
-NumPy releases the GIL inside a ufunc loop over a large array, so threads running the same kernel on
-different rows of an array do run at once. An op writes its math once as a kernel on arrays,
-`kernel(out, *inputs)` (writing into `out`), and calls `rows(kernel, out, *inputs)`: on NumPy, with
-more than one thread and a big enough array, every array is viewed as [rows, *last `inner` axes] and
-each thread runs the kernel on its own block of rows; otherwise the kernel runs once on the whole
-arrays. Elementwise math and reductions along the kept axes do the same arithmetic either way, so
-the results are bit for bit those of one thread (tests/test_threads.py).
+An op writes its math once as a kernel on arrays, `kernel(out, *inputs)` (writing into `out`), and
+calls `rows(kernel, out, *inputs)`. On NumPy, for a big enough array, every array is viewed as
+[rows, *last `inner` axes] and the kernel runs on blocks of rows:
+
+- cache-sized blocks (`BLOCK_ELEMENTS`): a kernel of several NumPy passes then reads and writes its
+  temporaries in the CPU's cache instead of in memory (GELU's erf, exp and products: ~30% faster);
+- on a small thread pool: NumPy releases the GIL inside a ufunc loop, so threads running the kernel
+  on different rows do run at once. Each thread takes a share of the rows, block by block.
+
+Otherwise the kernel runs once on the whole arrays. Elementwise math and reductions along the kept
+axes do the same arithmetic either way, so the results are bit for bit those of one call on the whole
+arrays (tests/test_threads.py).
 
 Threads: `TINYGRAD_CKPT_THREADS` if set, else the cores this process may use; `set_threads(n)`.
 """
@@ -20,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 MIN_ELEMENTS = 1 << 16  # below this a chunk's work is smaller than handing it to a thread
+BLOCK_ELEMENTS = 1 << 15  # a block's float32 arrays and temporaries fit in L2 (128 KiB each)
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0
 
@@ -52,14 +58,14 @@ def set_threads(n: int) -> int:
 
 
 def rows(kernel, *arrays, inner: int = 1) -> None:
-    """kernel(*arrays), split by rows over the thread pool when that pays (see the module).
+    """kernel(*arrays), on blocks of rows over the thread pool when that pays (see the module).
 
     Every array must have the same leading axes (all but the last `inner`); per-row values such as a
     [..., 1] statistic fit. Arrays that broadcast differently (a weight [d], a mask [T, T]) go into
     the kernel through a closure, and must line up with the last `inner` axes."""
-    n = _threads
     first = arrays[0]
-    if (n == 1 or not isinstance(first, np.ndarray) or first.size < 2 * MIN_ELEMENTS
+    parts = min(_threads, first.size // MIN_ELEMENTS)  # threads worth using
+    if (not isinstance(first, np.ndarray) or (first.size <= BLOCK_ELEMENTS and parts < 2)
             or not all(isinstance(a, np.ndarray) and a.flags.c_contiguous and a.ndim >= inner for a in arrays)):
         kernel(*arrays)
         return
@@ -69,15 +75,20 @@ def rows(kernel, *arrays, inner: int = 1) -> None:
         kernel(*arrays)
         return
     views = [a.reshape((count,) + a.shape[a.ndim - inner:]) for a in arrays]
-    parts = min(n, count, first.size // MIN_ELEMENTS)
+    step = max(1, BLOCK_ELEMENTS * count // first.size)  # rows per block
+
+    def run(lo, hi):
+        for start in range(lo, hi, step):
+            kernel(*[v[start:min(start + step, hi)] for v in views])
+
+    parts = min(parts, count)
     if parts < 2:
-        kernel(*arrays)
+        run(0, count)
         return
     bounds = [count * i // parts for i in range(parts + 1)]
-    chunks = [[v[lo:hi] for v in views] for lo, hi in zip(bounds, bounds[1:])]
     pool = _workers(parts - 1)
-    futures = [pool.submit(kernel, *c) for c in chunks[1:]]
-    kernel(*chunks[0])  # the calling thread takes the first chunk
+    futures = [pool.submit(run, lo, hi) for lo, hi in zip(bounds[1:], bounds[2:])]
+    run(bounds[0], bounds[1])  # the calling thread takes the first share
     for f in futures:
         f.result()
 

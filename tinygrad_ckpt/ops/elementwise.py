@@ -178,22 +178,23 @@ class Tanh(Function):
 
 
 class MaskedFill(Function):
-    """out = value where mask else x (e.g. -inf above the diagonal). Saves the boolean mask. Runs on chunks of
-    the leading axes over the thread pool (the mask repeats along them)."""
+    """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
+    scores are not copied once more). Saves the boolean mask: dL/dx = 0 where mask else g·scale. Runs on
+    blocks of the leading axes over the thread pool (the mask repeats along them)."""
 
     op = "masked_fill"
 
     @staticmethod
-    def forward(ctx, x, mask, value: float):
+    def forward(ctx, x, mask, value: float, scale: float = 1.0):
         shape = broadcast_shape("masked_fill", x.shape, mask.shape)
-        ctx.x_shape = x.shape
+        ctx.x_shape, ctx.scale = x.shape, scale
         ctx.save(mask=mask)
-        ctx.flops = (numel(x.shape), numel(x.shape))
+        ctx.flops = ((1 + (scale != 1)) * numel(x.shape), (1 + (scale != 1)) * numel(x.shape))
         out = xp().empty(shape, dtype=x.dtype)
-        fill = xp().asarray(value, dtype=x.dtype)
+        fill, factor = xp().asarray(value, dtype=x.dtype), xp().asarray(scale, dtype=x.dtype)
 
         def kernel(out, x):
-            out[...] = x
+            xp().multiply(x, factor, out=out)
             xp().copyto(out, fill, where=mask)
 
         threads.rows(kernel, out, x, inner=len(mask.shape))
@@ -203,10 +204,10 @@ class MaskedFill(Function):
     def backward(ctx, grad_out):
         mask = ctx.saved["mask"]
         grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-        zero = xp().zeros((), dtype=grad_out.dtype)
+        zero, factor = xp().zeros((), dtype=grad_out.dtype), xp().asarray(ctx.scale, dtype=grad_out.dtype)
 
         def kernel(grad, grad_out):
-            grad[...] = grad_out
+            xp().multiply(grad_out, factor, out=grad)
             xp().copyto(grad, zero, where=mask)
 
         threads.rows(kernel, grad, grad_out, inner=len(mask.shape))

@@ -64,19 +64,24 @@ class Linear(Function):
         rows, (n_out, n_in) = numel(x.shape[:-1]), weight.shape
         ctx.flops = (2 * rows * n_in * n_out + (rows * n_out if bias is not None else 0),
                      2 * rows * n_in * n_out * (ctx.needs_input_grad[0] + ctx.needs_input_grad[1]))
-        out = x @ weight.T
+        out = _rows(x) @ weight.T  # one [rows, in] @ [in, out] product, not one per leading index
         if bias is not None:
             out += bias
-        return out
+        return out.reshape(*x.shape[:-1], n_out)
 
     @staticmethod
     def backward(ctx, grad_out):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = grad_out @ ctx.saved["weight"]
+            gx = (_rows(grad_out) @ ctx.saved["weight"]).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
             x = ctx.saved["x"]
             gw = grad_out.reshape(-1, grad_out.shape[-1]).T @ x.reshape(-1, x.shape[-1])
         if ctx.has_bias and ctx.needs_input_grad[2]:
             gb = grad_out.reshape(-1, grad_out.shape[-1]).sum(axis=0)
         return gx, gw, gb
+
+
+def _rows(a):
+    """a as a 2-d [rows, last] array: a view when a is contiguous (else NumPy copies, as the product would)."""
+    return a.reshape(-1, a.shape[-1])
