@@ -51,7 +51,7 @@ TERM_OF = {
     "ln_2.layer_norm:out": "mlp.c_fc.input",  # ln_2's output, which c_fc keeps as its input too
     "ln_2.layer_norm:rstd": "ln_2.rstd",
     "mlp.gelu:x": "mlp.gelu.input",
-    "mlp.c_proj.linear:x": "mlp.c_proj.input",
+    "mlp.gelu:out": "mlp.c_proj.input",  # GELU's output, which the MLP's c_proj keeps as its input too
     "mlp.dropout.dropout:mask_bits": "mlp.resid_dropout_mask",
 }
 
@@ -175,7 +175,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print("\nThe 14 E-sized values the engine's backward reads, against the seed's 12:")
     print("  c_attn input (= ln_1 output) 1 + q,k,v 3 + c_proj input 1 + c_fc input (= ln_2 output) 1 + GELU input 4"
           "\n  + MLP c_proj input (GELU output) 4 = 14. Each layer norm keeps its output, which the next linear keeps"
-          "\n  anyway, and recovers x̂ = (out - b)/w from it: its own cost is one 1/std per row. The seed's list"
+          "\n  anyway, and recovers x̂ = (out - b)/w from it: its own cost is one 1/std per row; GELU keeps its output"
+          "\n  too (the same array as c_proj's input) and reads Φ(x) = out/x from it. The seed's list"
           "\n  (pre-norm input, Q, K, V, attention weights, a 4d FFN tensor, residual-stream tensors) misses that"
           "\n  each linear keeps its own input and that the MLP keeps BOTH 4d tensors, and it prices the"
           "\n  [B, H, T, T] attention weights as if B·T·d.")

@@ -320,7 +320,7 @@ NAME_OF = {"ln_1.rstd": "ln_1.layer_norm:rstd",
            "attn.causal_mask": "attn.masked_fill:mask", "attn.softmax_out": "attn.softmax:out",
            "attn.c_proj.input": "attn.c_proj.linear:x",
            "ln_2.rstd": "ln_2.layer_norm:rstd", "mlp.c_fc.input": "ln_2.layer_norm:out",
-           "mlp.gelu.input": "mlp.gelu:x", "mlp.c_proj.input": "mlp.c_proj.linear:x"}  # formula term -> saved name
+           "mlp.gelu.input": "mlp.gelu:x", "mlp.c_proj.input": "mlp.gelu:out"}  # formula term -> saved name
 
 
 def main(quick: bool = False, out: str = "figures") -> dict:

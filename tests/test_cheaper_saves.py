@@ -1,5 +1,5 @@
-"""The cheaper saves: layer norm keeps its output (x̂ recovered from it, zero weights exact) and dropout
-keeps a 1-bit mask. Gradients against PyTorch and central differences, and the bytes the ledger sees."""
+"""The cheaper saves: layer norm keeps its output (x̂ recovered from it, zero weights exact), GELU reads Φ(x)
+from its output, and dropout keeps a 1-bit mask. Gradients against PyTorch and central differences, and the bytes the ledger sees."""
 
 from __future__ import annotations
 
@@ -97,3 +97,33 @@ def test_block_saves_match_the_engine_terms_with_packed_masks():
     shape = estimate.GPTShape(1, d, H, T, B, dtype="float32", dropout=0.1)
     assert sum(saved.values()) == estimate.engine_activation_bytes_per_layer(shape)
     del y
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_gelu_reads_phi_from_its_output_and_matches_torch(approximate, dtype, rng):
+    """GELU keeps x and its output (the next linear's input: one buffer) and reads Φ(x) = out/x in backward;
+    its gradient equals PyTorch's, at x = 0 exactly (Φ = ½) and far in both tails, and central differences."""
+    x = np.concatenate([rng.standard_normal(40) * 3, [0.0, -0.0, 1e-30, -1e-30, -12.0, 12.0, -30.0]]).astype(dtype)
+    g = rng.standard_normal(x.shape).astype(dtype)
+    xt = tg.Tensor(x, requires_grad=True)
+    out = F.gelu(xt, approximate=approximate)
+    (entry,) = out.tape().entries
+    assert set(entry.ctx.saved) == {"x", "out"} and entry.ctx.saved["out"] is out.data
+    (out * tg.Tensor(g)).sum().backward()
+    assert np.all(np.isfinite(xt.grad))
+    np.testing.assert_array_equal(xt.grad[40:42], 0.5 * g[40:42])  # Φ(0) = ½, φ(0)·0 = 0
+    if dtype == np.float64:
+        expected = numeric_grads(lambda x: F.gelu(x, approximate=approximate), [x[:40]], g[:40])[0]
+        np.testing.assert_allclose(xt.grad[:40], expected, rtol=1e-6, atol=1e-8)
+    torch = pytest.importorskip("torch")
+    tx = torch.tensor(x, requires_grad=True)
+    (torch.nn.functional.gelu(tx, approximate=approximate) * torch.from_numpy(g)).sum().backward()
+    assert rel_err(xt.grad, tx.grad.numpy()) < (1e-12 if dtype == np.float64 else 2e-6)
+
+
+def test_gelu_output_is_the_next_linears_input(rng):
+    mlp = nn.MLP(8)
+    y = mlp(tg.Tensor(rng.standard_normal((2, 3, 8)).astype(np.float32), requires_grad=True))
+    entries = {e.name: e for e in y.tape().entries}
+    assert entries["gelu"].ctx.saved["out"] is entries["c_proj.linear"].ctx.saved["x"]  # one buffer

@@ -20,14 +20,17 @@ def tiny_gpt(n_layer=2, d=32, T=16, vocab=64, **kw):
     return model, idx
 
 
-def test_gelu_saves_exactly_its_input():
+def test_gelu_saves_exactly_its_input_and_output():
     B, T, d = 2, 8, 16
     x = tg.Tensor(np.ones((B, T, 4 * d), np.float32), requires_grad=True)
     with tg.Ledger() as led:
         y = F.gelu(x)
-    assert led.live_bytes("activation") == 4 * B * T * 4 * d  # x itself, now held by the tape
+        alone = led.live_bytes("activation")
+        z = y @ tg.Parameter(np.ones((4 * d, d), np.float32))  # keeps y: the same buffer
+    assert alone == 2 * 4 * B * T * 4 * d  # x and the output, now held by the tape
+    assert led.live_bytes("activation") == alone  # the matmul's input is gelu's output, counted once
     assert [e.action for e in led.events if e.name.endswith("gelu:x")] == ["saved"]
-    del y
+    del y, z
 
 
 def test_softmax_saves_its_output_once_and_views_count_once():

@@ -264,7 +264,7 @@ def engine_activation_terms(shape: GPTShape) -> dict[str, int]:
     t["ln_2.rstd"] = B * T * v                   # bytes; 1/std per token
     t["mlp.c_fc.input"] = E * v                  # bytes; ln_2 output: linear input, and ln_2's own save
     t["mlp.gelu.input"] = 4 * E * v              # bytes; GELU input [B, T, 4d]
-    t["mlp.c_proj.input"] = 4 * E * v            # bytes; GELU output [B, T, 4d]
+    t["mlp.c_proj.input"] = 4 * E * v            # bytes; GELU output [B, T, 4d]: c_proj input, and GELU's own save
     if drop:
         t["mlp.resid_dropout_mask"] = -(-E // 8)  # bytes; 1 bit per [B, T, d] element
     return t

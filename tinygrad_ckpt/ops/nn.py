@@ -18,8 +18,10 @@ _TANH_C = math.sqrt(2 / math.pi)
 class GELU(Function):
     """Exact GELU: out = x·Φ(x), Φ(x) = ½(1 + erf(x/√2)); tanh form: ½x(1 + tanh(√(2/π)(x + 0.044715x³))).
 
-    Saves its input x: the derivative Φ(x) + x·φ(x) needs x, and x cannot be recovered from
-    gelu(x) (gelu is not one-to-one for x < 0). Runs on row chunks over the thread pool.
+    dL/dx = g·(Φ(x) + x·φ(x)) (tanh form: its own derivative). Saves its input x, which cannot be recovered
+    from gelu(x) (gelu is not one-to-one for x < 0), and its output, which the linear after it keeps anyway:
+    backward reads Φ(x) = out/x (½ at x = 0) from it instead of evaluating erf (or tanh) again. Runs on
+    blocks of rows over the thread pool.
     """
 
     @staticmethod
@@ -27,16 +29,17 @@ class GELU(Function):
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' (erf) or 'tanh', got {approximate!r}")
         ctx.approximate = approximate
-        ctx.save(x=x)
-        ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
+        ctx.flops = (8 * numel(x.shape), 8 * numel(x.shape))
         out = xp().empty(x.shape, dtype=x.dtype)
         threads.rows(_gelu_tanh if approximate == "tanh" else _gelu_erf, out, x)
+        ctx.save(x=x, out=out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-        threads.rows(_gelu_tanh_grad if ctx.approximate == "tanh" else _gelu_erf_grad, grad, ctx.saved["x"], grad_out)
+        kernel = _gelu_tanh_grad if ctx.approximate == "tanh" else _gelu_erf_grad
+        threads.rows(kernel, grad, ctx.saved["x"], ctx.saved["out"], grad_out)
         return grad
 
 
@@ -52,24 +55,31 @@ def _gelu_tanh(out, x):
     out *= 0.5 * x
 
 
-def _gelu_erf_grad(out, x, grad_out):
-    """out = g·(Φ(x) + x·φ(x)), with one temporary."""
-    out[...] = backend.current().erf(x * _SQRT_HALF)
-    out += 1
-    out *= 0.5
+def _phi(phi, x, out):
+    """phi = Φ = out/x, read from gelu's output (½ where x = 0, which divides 0 by 1 instead of by 0)."""
+    zero = x == 0
+    xp().divide(out, x + zero, out=phi)
+    xp().copyto(phi, xp().asarray(0.5, dtype=phi.dtype), where=zero)
+
+
+def _gelu_erf_grad(grad, x, out, grad_out):
+    """grad = g·(Φ(x) + x·φ(x)), φ(x) = e^(-x²/2)/√(2π), with one temporary."""
+    _phi(grad, x, out)
     density = x * x
     density *= -0.5
     xp().exp(density, out=density)
     density *= x
     density *= _INV_SQRT_2PI
-    out += density
-    out *= grad_out
+    grad += density
+    grad *= grad_out
 
 
-def _gelu_tanh_grad(out, x, grad_out):
-    t = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
-    d = 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
-    xp().multiply(grad_out, d, out=out)
+def _gelu_tanh_grad(grad, x, out, grad_out):
+    """grad = g·(½(1 + t) + ½x(1 - t²)·√(2/π)(1 + 3·0.044715x²)), t = 2Φ - 1 read from the output."""
+    _phi(grad, x, out)  # ½(1 + t)
+    t = 2 * grad - 1
+    grad += 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
+    grad *= grad_out
 
 
 class Softmax(Function):
