@@ -1,5 +1,6 @@
 """The cheaper saves: layer norm keeps its output (x̂ recovered from it, zero weights exact), GELU reads Φ(x)
-from its output, and dropout keeps a 1-bit mask. Gradients against PyTorch and central differences, and the bytes the ledger sees."""
+from its output, and dropout keeps a 1-bit mask. Gradients against PyTorch and central differences, and the bytes
+the ledger sees."""
 
 from __future__ import annotations
 
