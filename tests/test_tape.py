@@ -105,7 +105,7 @@ def test_after_backward_nothing_is_held():
     refs = [weakref.ref(a) for _, a in _declared_saves(tape)
             if id(owner(a)) not in param_buffers | test_buffers]
     assert len(refs) > 20
-    logits_data = weakref.ref(logits.data)  # cross_entropy saved a view of it
+    logits_data = weakref.ref(owner(logits.data))  # its buffer: cross_entropy saved a view of it
     del logits
     assert logits_data() is not None
     loss.backward()
