@@ -52,10 +52,10 @@ def test_entries_are_plain_records_with_readable_repr():
         assert "\n" not in text and text.startswith(f"{e.name} [{e.op}]")
     gelu = tape.entries[names.index("transformer.h.0.mlp.gelu")]
     text = repr(gelu)
-    # input and output shapes, what is saved and its size: [2, 8, 64] float32 = 4096 bytes
+    # input and output shapes, what is saved and its size: two [2, 8, 64] float32 = 2 x 4096 bytes
     assert "(transformer.h.0.mlp.c_fc.linear [2, 8, 64] float32) -> ([2, 8, 64] float32)" in text  # inputs by producer
-    assert "saves x [2, 8, 64] float32 (4.0 KiB)" in text
-    assert gelu.saved_bytes() == 2 * 8 * 64 * 4
+    assert "saves x [2, 8, 64] float32, out [2, 8, 64] float32 (8.0 KiB)" in text
+    assert gelu.saved_bytes() == 2 * (2 * 8 * 64 * 4)  # x, and out (c_proj keeps the same buffer)
     assert repr(tape).splitlines()[0].startswith(f"Tape with {len(tape)} entries")
     assert repr(tape).splitlines()[1].startswith(
         "  #0 transformer.wte.embedding [embedding] (transformer.wte.weight [11, 16]")
@@ -85,9 +85,9 @@ def test_simple_chain_tape_bytes_equal_declared_saves(rng):
     y = F.log_softmax(F.gelu(x.exp() * 2.0))
     tape = y.tape()
     by_buffer = {id(owner(a)): owner_nbytes(a) for _, a in _declared_saves(tape)}
-    # exp keeps its output (160 B), `* 2.0` (a Scale op) keeps nothing, gelu its input (160 B),
+    # exp keeps its output (160 B), `* 2.0` (a Scale op) keeps nothing, gelu its input and output (2 x 160 B),
     # log_softmax its output (160 B)
-    assert sum(by_buffer.values()) == 160 + 160 + 160
+    assert sum(by_buffer.values()) == 160 + 2 * 160 + 160
     assert tape.saved_bytes() == sum(by_buffer.values())
 
 
