@@ -60,7 +60,7 @@ def chain_rule(rng) -> dict:
     print(tape)
     gelu_entry = entry_of(loss, "gelu")
     print(f"\nGELU's entry keeps {list(gelu_entry.ctx.saved)}: its backward computes f'(x) = Φ(x) + x·φ(x) "
-          "from x itself.")
+          "from x itself,\nreading Φ(x) = out/x from its output (in a block the next linear keeps that output anyway).")
     for entry in loss.backward_steps():  # the backward loop, one entry at a time
         saved = list(entry.ctx.saved) or "nothing"
         print(f"  backward reaches #{tape.entries.index(entry)} {entry.name:<6} saved: {saved}")
