@@ -216,6 +216,10 @@ def test_a_one_bit_difference_in_a_save_is_caught():
     from tinygrad_ckpt.checkpoint import _checksum
     assert _checksum(np.zeros(3), np) != _checksum(np.array([0.0, -0.0, 0.0]), np)
     assert _checksum(np.arange(5, dtype=np.float32), np) == _checksum(np.arange(5, dtype=np.float32), np)  # 20 bytes
+    base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
+    view, nudged_base = base.transpose(2, 0, 1), base.copy()
+    nudged_base[1, 2, 3] = np.nextafter(nudged_base[1, 2, 3], np.inf)
+    assert _checksum(view, np) != _checksum(nudged_base.transpose(2, 0, 1), np)  # a strided view, read in place
 
 
 def test_replay_with_other_shapes_is_named():

@@ -23,6 +23,7 @@ that stash during the replay instead of running again.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,25 +151,56 @@ def as_policy(policy) -> Policy | None:
 
 
 # ---- what a segment observes and keeps ----------------------------------------------------------
+_UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
 def _checksum(a, xp, sample: bool = False) -> int | None:
-    """A fingerprint of an array's bits: the sum of its 8-byte words, wrapping around, so a change to any one
-    element changes it (and -0.0 differs from 0.0: the replay must be bit for bit). `sample`: of a strided view
-    of at most 16 elements per axis, cheap enough to take of every op's output."""
+    """A fingerprint of an array's bits: the wrapping sum of its words, so a change to any one element changes it
+    (and -0.0 differs from 0.0: the replay must be bit for bit). A contiguous array is summed as 8-byte words,
+    a strided view (kᵀ) as unsigned integers of its own width, where it lies (no copy). `sample`: of a strided
+    view of at most 16 elements per axis, cheap enough to take of every op's output."""
     if a.dtype.kind not in "fciub":
         return None
     if sample:
         a = a[tuple(slice(None, None, max(1, n // 16)) for n in a.shape)]
-    flat = xp.ascontiguousarray(a).reshape(-1)
-    words = flat.view(np.uint64) if flat.nbytes % 8 == 0 else flat.view(np.uint8)
-    return int(words.sum(dtype=np.uint64))
+    if a.flags.c_contiguous and a.nbytes % 8 == 0:
+        words = a.reshape(-1).view(np.uint64)
+    elif a.dtype.itemsize in _UNSIGNED:
+        words = a.view(_UNSIGNED[a.dtype.itemsize])
+    else:
+        words = xp.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return int(words.sum(dtype=words.dtype))
 
 
-def _described(arrays, check: str, sample: bool) -> tuple:
-    """(key, shape, dtype, checksum or None) per array: what the determinism check compares."""
+def _described(arrays, fingerprint) -> tuple:
+    """(key, shape, dtype, fingerprint(a) or None) per array: what the determinism check compares."""
     be = backend.current()
-    values = check == "values" and be.has_values
-    return tuple((k, tuple(a.shape), a.dtype, _checksum(a, be.xp, sample) if values else None)
+    return tuple((k, tuple(a.shape), a.dtype, fingerprint(a) if fingerprint is not None else None)
                  for k, a in arrays if be.is_array(a))
+
+
+class _Fingerprints:
+    """The checksums one pass of a segment takes, each array read once: an array saved by two ops (a layer norm's
+    output, which the next linear keeps as its input) is fingerprinted once. Arrays are remembered weakly,
+    never kept alive."""
+
+    def __init__(self):
+        self.seen: dict[int, tuple] = {}  # id(array) -> (weak reference, checksum)
+
+    def full(self, a) -> int | None:
+        hit = self.seen.get(id(a))
+        if hit is not None and hit[0]() is a:
+            return hit[1]
+        value = _checksum(a, backend.current().xp)
+        try:
+            self.seen[id(a)] = (weakref.ref(a), value)
+        except TypeError:  # an array type without weak references: read again next time
+            pass
+        return value
+
+    @staticmethod
+    def sample(a) -> int | None:
+        return _checksum(a, backend.current().xp, sample=True)
 
 
 @dataclass
@@ -222,6 +254,7 @@ class Segment:
         self.start = Tensor._next_uid()  # tensors made from here on were made inside
         self.count = 0  # ops run so far: their index
         self.nested = 0  # >0 while an inner checkpoint runs as a plain call inside this forward
+        self.fingerprints = _Fingerprints()  # the value check's checksums, one read per buffer
 
     def __repr__(self) -> str:
         role = "replay" if self.records else "forward"
@@ -231,8 +264,11 @@ class Segment:
 
     def run(self, fn, name, ctx, arrays, params, inputs):
         """Called by Function.apply for every op inside the segment: run (or serve) its forward."""
+        # inputs made before the segment (parameters, arguments) are not recomputed: their saves are checked by
+        # shape and dtype (the replay reads the very arrays the forward read; a change to them shows in the outputs)
+        older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
         if self.records:
-            return self._replay_op(fn, name, ctx, arrays, params)
+            return self._replay_op(fn, name, ctx, arrays, params, older)
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad and x._uid < self.start and id(x) not in self.explicit:
                 self.implicit.setdefault(id(x), x)
@@ -240,7 +276,7 @@ class Segment:
             out = fn.forward(ctx, *arrays, **params)
             ctx.saved = {}
             return out
-        return self._forward_op(fn, name, ctx, arrays, params)
+        return self._forward_op(fn, name, ctx, arrays, params, older)
 
     def run_nested(self, fn, args, kwargs):
         """A checkpoint met inside this segment's forward: a plain call, one op of this segment (in the
@@ -252,18 +288,25 @@ class Segment:
         finally:
             self.nested -= 1
 
-    def _observe(self, index, fn, name, ctx, out, rng, outputs=None) -> None:
-        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash)."""
-        if outputs is None:
-            outputs = _described(enumerate(out if isinstance(out, tuple) else (out,)), self.check, True)
-        self.observed[index] = Observation(index, fn.kind(), name, _described(ctx.saved.items(), self.check, False),
-                                           outputs, rng)
+    def _observe(self, index, fn, name, ctx, out, rng, older, outputs=None) -> None:
+        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash);
+        saves whose ids are in `older` by shape and dtype only."""
+        values = self.check == "values" and backend.current().has_values
+        full, sample = (self.fingerprints.full, self.fingerprints.sample) if values else (None, None)
+        saved = {id(a) for a in ctx.saved.values()}
+        if outputs is None:  # an output the op saves is fingerprinted whole with its saves
+            outputs = _described([(i, o) for i, o in enumerate(out if isinstance(out, tuple) else (out,))
+                                  if id(o) not in saved], sample)
+        saves = ctx.saved.items()
+        saves = (_described([(k, a) for k, a in saves if id(a) not in older], full)
+                 + _described([(k, a) for k, a in saves if id(a) in older], None))
+        self.observed[index] = Observation(index, fn.kind(), name, saves, outputs, rng)
 
-    def _forward_op(self, fn, name, ctx, arrays, params):
+    def _forward_op(self, fn, name, ctx, arrays, params, older):
         index, self.count = self.count, self.count + 1
         rng = backend.get_rng_state()
         out = fn.forward(ctx, *arrays, **params)
-        self._observe(index, fn, name, ctx, out, rng)
+        self._observe(index, fn, name, ctx, out, rng, older)
         if ctx.saving:
             decision = self.policy.decide(fn.kind(), name) if self.policy is not None else None
             if decision is not None and decision.save:
@@ -304,7 +347,7 @@ class Segment:
         self.consumed.update(id(self.kept[k]) for kept in self.stash.values() for k in kept.outputs
                              if isinstance(k, str) and id(self.kept[k]) in ids)
 
-    def _replay_op(self, fn, name, ctx, arrays, params):
+    def _replay_op(self, fn, name, ctx, arrays, params, older):
         index, self.count = self.count, self.count + 1
         kept, seen = self.forward.stash.get(index), self.forward.observed.get(index)
         if kept is not None:  # kept by the policy: served, not recomputed
@@ -319,7 +362,7 @@ class Segment:
             out = fn.forward(ctx, *arrays, **params)
         if fn is not Checkpoint:  # (an inner checkpoint's forward ran as one unobserved op of this segment's)
             served = seen.outputs if kept is not None and seen is not None else None  # (placeholders returned)
-            self._observe(index, fn, name, ctx, out, None, outputs=served)
+            self._observe(index, fn, name, ctx, out, None, older, outputs=served)
         return out
 
     def finish_forward(self, preserve_rng: bool) -> list[Tensor]:
