@@ -502,9 +502,11 @@ def bench_ckpt(cfg, args) -> dict:
         steps["torch"] = lambda: st.torch_step("math")
         for plan in plans:
             steps[f"torch_{plan}"] = lambda plan=plan: st.torch_step("math", plan)
-    res = measure(steps, cfg["rounds"] if args.rounds is None else args.rounds, args.warm, cfg["target_s"])
+    # ratios of medians of ~0.5 s steps: twice the rounds of the main table (each step is its own sample)
+    rounds = 2 * cfg["rounds"] if args.rounds is None else args.rounds
+    res = measure(steps, rounds, args.warm, cfg["target_s"])
     t = {k: v[0] for k, v in res.items()}
-    out["time"] = t
+    out["time"], out["rounds"] = t, rounds
     torch_base = st.torch_saved("math")["total"] if torch is not None else None
     torch_flops = torch_matmul_flops(st) if torch is not None else {}
     for plan, n_ckpt in plans.items():
@@ -856,7 +858,7 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
               f"/ `torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)`; sqrt: "
               f"`checkpoint_sequential(blocks, {c['segments']}, x)` in both (the last segment runs plainly). "
               "Ratios are checkpointed / not. 'meta' = determinism_check='metadata' (PyTorch's kind of check; "
-              "the default 'values' also checksums every replayed save). Peak = ledger activation peak; PyTorch's "
+              "the default 'values' also fingerprints the bits of every array the replay recomputes and saves). Peak = ledger activation peak; PyTorch's "
               "peak is estimated from its measured saved bytes (hooks): max(at the end of the forward, checkpoint "
               "inputs + one segment's interior (per-layer saved bytes × layers per segment)), since its recomputed "
               "tensors are held by checkpoint's own hooks, out of sight of ours.")
@@ -876,7 +878,14 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
                   + f"{fmt_b(p['base_peak'])} / {fmt_b(p.get('torch_base'))} |")
             w("")
             t = c["time"]
-            w("Step times (ms): " + ", ".join(f"{k} {fmt_ms(v)}" for k, v in t.items()) + ".")
+            w("Step times (ms, medians of " + str(c.get("rounds", "?")) + " rounds): "
+              + ", ".join(f"{k} {fmt_ms(v)}" for k, v in t.items()) + ".")
+            w("")
+            for plan, p in c["plans"].items():
+                w(f"- {plan}: the value check costs {(p['time_ratio'] - p['time_ratio_meta']):.1%} of a "
+                  f"step without checkpointing (target ≤ 3%); overhead ours ×{p['time_ratio']:.2f} against PyTorch's "
+                  + (f"×{p['torch_time_ratio']:.2f}" if "torch_time_ratio" in p else "-")
+                  + " (target: at most PyTorch's).")
         w("")
     if "scaling" in res:
         w("## Scaling")
