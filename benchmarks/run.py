@@ -858,7 +858,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
               f"/ `torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)`; sqrt: "
               f"`checkpoint_sequential(blocks, {c['segments']}, x)` in both (the last segment runs plainly). "
               "Ratios are checkpointed / not. 'meta' = determinism_check='metadata' (PyTorch's kind of check; "
-              "the default 'values' also fingerprints the bits of every array the replay recomputes and saves). Peak = ledger activation peak; PyTorch's "
+              "the default 'values' also fingerprints the bits of every array the replay recomputes and saves). "
+              "Peak = ledger activation peak; PyTorch's "
               "peak is estimated from its measured saved bytes (hooks): max(at the end of the forward, checkpoint "
               "inputs + one segment's interior (per-layer saved bytes × layers per segment)), since its recomputed "
               "tensors are held by checkpoint's own hooks, out of sight of ours.")
