@@ -480,12 +480,13 @@ def with_fast_erf(step):
 def bench_ckpt(cfg, args) -> dict:
     B, T, d, H = cfg["ckpt"]["shape"]
     L = cfg["ckpt"]["layers"]
-    pin_threads(args.thread_counts[-1])
+    counts = args.thread_counts
+    pin_threads(counts[-1])
     st = Stack(B, T, d, H, L)
     base = st.ours_ledger()
     probe = st.ours_ledger("every_layer")
     out = dict(shape=(B, T, d, H), L=L, segments=sqrt_segments(L), replays=probe["recompute"] > 0, plans={},
-               threads=args.thread_counts[-1])
+               threads=counts)
     if not out["replays"]:
         print("  ckpt: tg.checkpoint does not replay yet (no recompute FLOPs); section skipped", flush=True)
         return out
@@ -494,31 +495,34 @@ def bench_ckpt(cfg, args) -> dict:
     plans = {"every_layer": L, "sqrt": sum(s.stop - s.start for s in
                                            planner.sequential_plan(L, sqrt_segments(L), last_plain=True).segments
                                            if s.checkpoint)}
-    steps = {"ours": st.ours_step}
+    kinds = {"ours": st.ours_step}
     for plan in plans:
-        steps[f"ours_{plan}"] = lambda plan=plan: st.ours_step(plan)
-        steps[f"ours_{plan}_meta"] = lambda plan=plan: st.ours_step(plan, check="metadata")
+        kinds[f"ours_{plan}"] = lambda plan=plan: st.ours_step(plan)
+        kinds[f"ours_{plan}_meta"] = lambda plan=plan: st.ours_step(plan, check="metadata")
     if torch is not None:
-        steps["torch"] = lambda: st.torch_step("math")
+        kinds["torch"] = lambda: st.torch_step("math")
         for plan in plans:
-            steps[f"torch_{plan}"] = lambda plan=plan: st.torch_step("math", plan)
-    # ratios of medians of ~0.5 s steps: twice the rounds of the main table (each step is its own sample)
-    rounds = 2 * cfg["rounds"] if args.rounds is None else args.rounds
+            kinds[f"torch_{plan}"] = lambda plan=plan: st.torch_step("math", plan)
+    steps = {f"{k}@{n}": at_threads(n, fn) for n in counts for k, fn in kinds.items()}
+    # ratios of medians of ~0.5 s steps, each step its own sample: four times the rounds of the main table
+    rounds = 4 * cfg["rounds"] if args.rounds is None else args.rounds
     res = measure(steps, rounds, args.warm, cfg["target_s"])
-    t = {k: v[0] for k, v in res.items()}
-    out["time"], out["rounds"] = t, rounds
+    pin_threads(counts[-1])
+    times = {n: {k: res[f"{k}@{n}"][0] for k in kinds} for n in counts}
+    out["time"], out["rounds"] = times, rounds
     torch_base = st.torch_saved("math")["total"] if torch is not None else None
     torch_flops = torch_matmul_flops(st) if torch is not None else {}
     for plan, n_ckpt in plans.items():
         led = st.ours_ledger(plan)
         p = dict(
-            time_ratio=t[f"ours_{plan}"] / t["ours"], time_ratio_meta=t[f"ours_{plan}_meta"] / t["ours"],
+            time_ratio={n: t[f"ours_{plan}"] / t["ours"] for n, t in times.items()},
+            time_ratio_meta={n: t[f"ours_{plan}_meta"] / t["ours"] for n, t in times.items()},
             flops_ratio=led["total"] / base["total"], recompute=led["recompute"],
             expected_recompute=base["forward"] * n_ckpt / L, checkpointed_blocks=n_ckpt,
             peak=led["peak"], fwd_end=led["fwd_end"], base_peak=base["peak"],
         )
         if torch is not None:
-            p["torch_time_ratio"] = t[f"torch_{plan}"] / t["torch"]
+            p["torch_time_ratio"] = {n: t[f"torch_{plan}"] / t["torch"] for n, t in times.items()}
             boundary = st.torch_saved("math", plan)["total"]
             per_layer = torch_base / L
             seg_len = 1 if plan == "every_layer" else max(1, L // sqrt_segments(L))
@@ -530,8 +534,9 @@ def bench_ckpt(cfg, args) -> dict:
             if torch_flops:
                 p["torch_flops_ratio"] = torch_flops.get(plan, float("nan")) / torch_flops["none"]
         out["plans"][plan] = p
-        print(f"  ckpt {plan}: ours x{p['time_ratio']:.2f} time, x{p['flops_ratio']:.2f} FLOPs"
-              + (f"; torch x{p['torch_time_ratio']:.2f}" if torch is not None else ""), flush=True)
+        for n in counts:
+            print(f"  ckpt {plan} at {n} thread(s): ours x{p['time_ratio'][n]:.2f} time, x{p['flops_ratio']:.2f} FLOPs"
+                  + (f"; torch x{p['torch_time_ratio'][n]:.2f}" if torch is not None else ""), flush=True)
     return out
 
 
@@ -853,7 +858,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
         if not c["replays"]:
             w("tg.checkpoint does not replay yet (the ledger shows no recompute FLOPs): section skipped.")
         else:
-            w(f"Shape (B, T, d, H) = {c['shape']}, {c['L']} layers, {c['threads']} thread(s). every_layer: "
+            w(f"Shape (B, T, d, H) = {c['shape']}, {c['L']} layers, at {c['threads']} thread(s), interleaved. "
+              "every_layer: "
               "`tg.checkpoint(block, h)` per block "
               f"/ `torch.utils.checkpoint.checkpoint(block, h, use_reentrant=False)`; sqrt: "
               f"`checkpoint_sequential(blocks, {c['segments']}, x)` in both (the last segment runs plainly). "
@@ -864,29 +870,32 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
               "inputs + one segment's interior (per-layer saved bytes × layers per segment)), since its recomputed "
               "tensors are held by checkpoint's own hooks, out of sight of ours.")
             w("")
-            w("| plan | ours time × | ours time × (meta) | torch time × | ours FLOPs × | torch matmul FLOPs × "
-              "| recompute FLOPs / expected | ours act. at fwd end | ours act. peak | torch saved at fwd end "
-              "| torch peak (est.) | no-ckpt peak ours / torch |")
-            w("|---|---|---|---|---|---|---|---|---|---|---|---|")
+            w("| plan | threads | ours time × | ours time × (meta) | torch time × | ours FLOPs × "
+              "| torch matmul FLOPs × | recompute FLOPs / expected | ours act. at fwd end | ours act. peak "
+              "| torch saved at fwd end | torch peak (est.) | no-ckpt peak ours / torch |")
+            w("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
             for plan, p in c["plans"].items():
-                w(f"| {plan} ({p['checkpointed_blocks']}/{c['L']} blocks ckpt) | {p['time_ratio']:.2f} | "
-                  f"{p['time_ratio_meta']:.2f} | "
-                  + (f"{p['torch_time_ratio']:.2f}" if "torch_time_ratio" in p else "-")
-                  + f" | {p['flops_ratio']:.3f} | "
-                  + (f"{p['torch_flops_ratio']:.3f}" if "torch_flops_ratio" in p else "-")
-                  + f" | {p['recompute'] / p['expected_recompute']:.4f} | {fmt_b(p['fwd_end'])} | {fmt_b(p['peak'])} | "
-                  + f"{fmt_b(p.get('torch_fwd_end'))} | {fmt_b(p.get('torch_peak_est'))} | "
-                  + f"{fmt_b(p['base_peak'])} / {fmt_b(p.get('torch_base'))} |")
+                for n in c["threads"]:
+                    w(f"| {plan} ({p['checkpointed_blocks']}/{c['L']} blocks ckpt) | {n} | {p['time_ratio'][n]:.2f} | "
+                      f"{p['time_ratio_meta'][n]:.2f} | "
+                      + (f"{p['torch_time_ratio'][n]:.2f}" if "torch_time_ratio" in p else "-")
+                      + f" | {p['flops_ratio']:.3f} | "
+                      + (f"{p['torch_flops_ratio']:.3f}" if "torch_flops_ratio" in p else "-")
+                      + f" | {p['recompute'] / p['expected_recompute']:.4f} | {fmt_b(p['fwd_end'])} | "
+                      + f"{fmt_b(p['peak'])} | {fmt_b(p.get('torch_fwd_end'))} | {fmt_b(p.get('torch_peak_est'))} | "
+                      + f"{fmt_b(p['base_peak'])} / {fmt_b(p.get('torch_base'))} |")
             w("")
-            t = c["time"]
-            w("Step times (ms, medians of " + str(c.get("rounds", "?")) + " rounds): "
-              + ", ".join(f"{k} {fmt_ms(v)}" for k, v in t.items()) + ".")
-            w("")
+            for n, t in c["time"].items():
+                w(f"Step times at {n} thread(s) (ms, medians of {c['rounds']} rounds): "
+                  + ", ".join(f"{k} {fmt_ms(v)}" for k, v in t.items()) + ".")
+                w("")
             for plan, p in c["plans"].items():
-                w(f"- {plan}: the value check costs {(p['time_ratio'] - p['time_ratio_meta']):.1%} of a "
-                  f"step without checkpointing (target ≤ 3%); overhead ours ×{p['time_ratio']:.2f} against PyTorch's "
-                  + (f"×{p['torch_time_ratio']:.2f}" if "torch_time_ratio" in p else "-")
-                  + " (target: at most PyTorch's).")
+                for n in c["threads"]:
+                    w(f"- {plan}, {n} thread(s): the value check costs "
+                      f"{(p['time_ratio'][n] - p['time_ratio_meta'][n]):.1%} of a step without checkpointing "
+                      f"(target ≤ 3%); overhead ours ×{p['time_ratio'][n]:.2f} against PyTorch's "
+                      + (f"×{p['torch_time_ratio'][n]:.2f}" if "torch_time_ratio" in p else "-")
+                      + " (target: at most PyTorch's).")
         w("")
     if "scaling" in res:
         w("## Scaling")
@@ -1123,15 +1132,16 @@ def plot(res: dict, out_dir: str) -> None:
             c = res["ckpt"]
             names = list(c["plans"])
             xs = np.arange(len(names))
-            ax.bar(xs - 0.3, [c["plans"][n]["time_ratio"] for n in names], 0.2, label="ours time ×")
-            ax.bar(xs - 0.1, [c["plans"][n]["time_ratio_meta"] for n in names], 0.2, label="ours time × (meta)")
+            n_ = c["threads"][-1]  # the machine's default count, the last one measured
+            ax.bar(xs - 0.3, [c["plans"][n]["time_ratio"][n_] for n in names], 0.2, label="ours time ×")
+            ax.bar(xs - 0.1, [c["plans"][n]["time_ratio_meta"][n_] for n in names], 0.2, label="ours time × (meta)")
             if "torch_time_ratio" in c["plans"][names[0]]:
-                ax.bar(xs + 0.1, [c["plans"][n]["torch_time_ratio"] for n in names], 0.2, label="torch time ×")
+                ax.bar(xs + 0.1, [c["plans"][n]["torch_time_ratio"][n_] for n in names], 0.2, label="torch time ×")
             ax.bar(xs + 0.3, [c["plans"][n]["flops_ratio"] for n in names], 0.2, label="ours FLOPs ×")
             ax.axhline(1, color="k", lw=0.5)
             ax.set_ylim(0.8, None)
             ax.set_xticks(xs, names)
-            ax.set_title(f"checkpointing cost ({c['L']} layers)")
+            ax.set_title(f"checkpointing cost ({c['L']} layers, {n_} thread(s))")
         elif panel == "main":
             rows_ = [r for r in res["main"] if r["threads"] == res["main"][-1]["threads"]]
             labels = [f"{r['shape'][1]}/{r['shape'][2]}\nL{r['L']}" for r in rows_]
