@@ -75,10 +75,9 @@ class Linear(Function):
         if ctx.needs_input_grad[0]:
             gx = (_rows(grad_out) @ ctx.saved["weight"]).reshape(ctx.x_shape)
         if ctx.needs_input_grad[1]:
-            x = ctx.saved["x"]
-            gw = grad_out.reshape(-1, grad_out.shape[-1]).T @ x.reshape(-1, x.shape[-1])
+            gw = _rows(grad_out).T @ _rows(ctx.saved["x"])
         if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = grad_out.reshape(-1, grad_out.shape[-1]).sum(axis=0)
+            gb = _rows(grad_out).sum(axis=0)
         return gx, gw, gb
 
 
