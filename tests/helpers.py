@@ -110,3 +110,11 @@ def tiny_batch(vocab=11, batch=2, seq=8, seed=0):
     idx = r.integers(0, vocab, size=(batch, seq))
     targets = r.integers(0, vocab, size=(batch, seq))
     return idx, targets
+
+
+def train_step(model, opt, idx) -> None:
+    """One training step of a GPT on idx (the targets are idx too): forward, backward, opt.step(), zero_grad()."""
+    _, loss = model(idx, idx)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()

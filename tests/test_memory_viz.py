@@ -8,6 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
+from helpers import train_step
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import memory_viz, nn, optim
@@ -21,17 +22,9 @@ def training_step(checkpoint=None, n_layer=2):
     model = nn.GPT(64, 16, n_layer, 2, 32, checkpoint=checkpoint)
     opt = optim.AdamW(model.parameters())
     idx = np.random.default_rng(0).integers(0, 64, (2, 16))
-    _, loss = model(idx, idx)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    del loss
+    train_step(model, opt, idx)
     with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-        with led.phase("optimizer"):
-            opt.step()
-            opt.zero_grad()
+        train_step(model, opt, idx)
     return led
 
 

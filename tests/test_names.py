@@ -3,6 +3,7 @@ as in state_dict(); checkpoint entries named after what they hold; readable repr
 
 import numpy as np
 import pytest
+from helpers import train_step
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
@@ -13,16 +14,9 @@ def _step(checkpoint=None, opt_cls=optim.AdamW):
     model = nn.GPT(32, 8, 2, 2, 16, checkpoint=checkpoint)
     opt = opt_cls(model.parameters())
     idx = np.random.default_rng(0).integers(0, 32, (2, 8))
-    _, loss = model(idx, idx)
-    loss.backward()
-    opt.step()
-    opt.zero_grad()
-    del loss
+    train_step(model, opt, idx)
     with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, idx)
     return model, opt, led
 
 

@@ -6,6 +6,7 @@ from collections import defaultdict
 
 import numpy as np
 import pytest
+from helpers import train_step
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
@@ -19,10 +20,7 @@ def _trace(checkpoint, tmp_path):
     opt = optim.AdamW(model.parameters())
     idx = np.random.default_rng(0).integers(0, 32, (2, 16))
     with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
+        train_step(model, opt, idx)
     led.to_chrome_trace(tmp_path / "trace.json")
     return json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
 
@@ -86,10 +84,7 @@ def test_optimizer_is_its_own_phase_with_flops_without_a_wrapper():
                              (optim.SGD(model.parameters(), lr=0.1, momentum=0.9), 4)]:
         idx = np.random.default_rng(0).integers(0, 32, (2, 8))
         with tg.Ledger() as led:
-            _, loss = model(idx, idx)
-            loss.backward()
-            opt.step()
-            opt.zero_grad()
+            train_step(model, opt, idx)
         assert led.flops("optimizer") == per_element * model.num_parameters()
         ops = [op for op in led.ops if op["phase"] == "optimizer"]
         assert sorted(op["name"] for op in ops) == sorted(n for n, _ in model.named_parameters())

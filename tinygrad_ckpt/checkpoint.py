@@ -264,11 +264,8 @@ class Segment:
 
     def run(self, fn, name, ctx, arrays, params, inputs):
         """Called by Function.apply for every op inside the segment: run (or serve) its forward."""
-        # inputs made before the segment (parameters, arguments) are not recomputed: their saves are checked by
-        # shape and dtype (the replay reads the very arrays the forward read; a change to them shows in the outputs)
-        older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
         if self.records:
-            return self._replay_op(fn, name, ctx, arrays, params, older)
+            return self._replay_op(fn, name, ctx, arrays, params, inputs)
         for x in inputs:
             if isinstance(x, Tensor) and x.requires_grad and x._uid < self.start and id(x) not in self.explicit:
                 self.implicit.setdefault(id(x), x)
@@ -276,7 +273,7 @@ class Segment:
             out = fn.forward(ctx, *arrays, **params)
             ctx.saved = {}
             return out
-        return self._forward_op(fn, name, ctx, arrays, params, older)
+        return self._forward_op(fn, name, ctx, arrays, params, inputs)
 
     def run_nested(self, fn, args, kwargs):
         """A checkpoint met inside this segment's forward: a plain call, one op of this segment (in the
@@ -288,25 +285,31 @@ class Segment:
         finally:
             self.nested -= 1
 
-    def _observe(self, index, fn, name, ctx, out, rng, older, outputs=None) -> None:
-        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash);
-        saves whose ids are in `older` by shape and dtype only."""
-        values = self.check == "values" and backend.current().has_values
-        full, sample = (self.fingerprints.full, self.fingerprints.sample) if values else (None, None)
-        saved = {id(a) for a in ctx.saved.values()}
-        if outputs is None:  # an output the op saves is fingerprinted whole with its saves
-            outputs = _described([(i, o) for i, o in enumerate(out if isinstance(out, tuple) else (out,))
-                                  if id(o) not in saved], sample)
-        saves = ctx.saved.items()
-        saves = (_described([(k, a) for k, a in saves if id(a) not in older], full)
-                 + _described([(k, a) for k, a in saves if id(a) in older], None))
+    def _observe(self, index, fn, name, ctx, out, rng, inputs, outputs=None) -> None:
+        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash)."""
+        outs = out if isinstance(out, tuple) else (out,)
+        if not (self.check == "values" and backend.current().has_values):
+            if outputs is None:
+                outputs = _described(enumerate(outs), None)
+            saves = _described(ctx.saved.items(), None)
+        else:
+            # inputs made before the segment (parameters, arguments) are not recomputed: their saves are checked by
+            # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs)
+            older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
+            saved = {id(a) for a in ctx.saved.values()}
+            if outputs is None:  # an output the op saves is fingerprinted whole with its saves
+                outputs = _described([(i, o) for i, o in enumerate(outs) if id(o) not in saved],
+                                     self.fingerprints.sample)
+            saves = ctx.saved.items()
+            saves = (_described([(k, a) for k, a in saves if id(a) not in older], self.fingerprints.full)
+                     + _described([(k, a) for k, a in saves if id(a) in older], None))
         self.observed[index] = Observation(index, fn.kind(), name, saves, outputs, rng)
 
-    def _forward_op(self, fn, name, ctx, arrays, params, older):
+    def _forward_op(self, fn, name, ctx, arrays, params, inputs):
         index, self.count = self.count, self.count + 1
         rng = backend.get_rng_state()
         out = fn.forward(ctx, *arrays, **params)
-        self._observe(index, fn, name, ctx, out, rng, older)
+        self._observe(index, fn, name, ctx, out, rng, inputs)
         if ctx.saving:
             decision = self.policy.decide(fn.kind(), name) if self.policy is not None else None
             if decision is not None and decision.save:
@@ -347,7 +350,7 @@ class Segment:
         self.consumed.update(id(self.kept[k]) for kept in self.stash.values() for k in kept.outputs
                              if isinstance(k, str) and id(self.kept[k]) in ids)
 
-    def _replay_op(self, fn, name, ctx, arrays, params, older):
+    def _replay_op(self, fn, name, ctx, arrays, params, inputs):
         index, self.count = self.count, self.count + 1
         kept, seen = self.forward.stash.get(index), self.forward.observed.get(index)
         if kept is not None:  # kept by the policy: served, not recomputed
@@ -362,7 +365,7 @@ class Segment:
             out = fn.forward(ctx, *arrays, **params)
         if fn is not Checkpoint:  # (an inner checkpoint's forward ran as one unobserved op of this segment's)
             served = seen.outputs if kept is not None and seen is not None else None  # (placeholders returned)
-            self._observe(index, fn, name, ctx, out, None, older, outputs=served)
+            self._observe(index, fn, name, ctx, out, None, inputs, outputs=served)
         return out
 
     def finish_forward(self, preserve_rng: bool) -> list[Tensor]:
@@ -639,15 +642,8 @@ def checkpoint_sequential(blocks, segments: int, x, **kwargs):
 
 def run_plan(blocks, x, plan, **kwargs):
     """Run `blocks` over x following a planner Plan (nested checkpoints for nested plans)."""
-    for seg in plan.segments:
-        chunk = blocks[seg.start:seg.stop]
-        if not seg.checkpoint:
-            for block in chunk:
-                x = block(x)
-        else:
-            inner = seg.inner
-            x = checkpoint(_ChunkRunner(chunk, inner, seg.start, kwargs), x, **kwargs)
-    return x
+    return plan.run(blocks, x, lambda chunk, seg, x: checkpoint(_ChunkRunner(chunk, seg.inner, seg.start, kwargs),
+                                                               x, **kwargs))
 
 
 class _ChunkRunner:

@@ -107,6 +107,18 @@ class Plan:
         """Indices p whose input x_p a top-level checkpoint keeps during the first forward."""
         return [s.start for s in self.segments if s.checkpoint]
 
+    def run(self, blocks, x, run_checkpointed):
+        """blocks over x, segment by segment: a plain segment block by block, a checkpointed one through
+        `run_checkpointed(chunk, segment, x)` (this engine's checkpoint, or PyTorch's)."""
+        for seg in self.segments:
+            chunk = blocks[seg.start:seg.stop]
+            if seg.checkpoint:
+                x = run_checkpointed(chunk, seg, x)
+            else:
+                for block in chunk:
+                    x = block(x)
+        return x
+
     def describe(self, sep: str = " ") -> str:
         """E.g. ``[0:4)ckpt{[0:2)ckpt,[2:4)plain} [4:8)ckpt``."""
         return sep.join(s.describe() for s in self.segments)

@@ -202,15 +202,11 @@ def run_blocks(blocks, x, spec):
 
 
 def _run_plan(blocks, x, plan: planner.Plan):
-    for seg in plan.segments:
-        chunk = blocks[seg.start:seg.stop]
-        if not seg.checkpoint:
-            for block in chunk:
-                x = block(x)
-        else:
-            inner = None if seg.inner is None else _shifted(seg.inner, seg.start)
-            x = torch_checkpoint.checkpoint(_Region(chunk, inner), x, use_reentrant=False)
-    return x
+    def checkpointed(chunk, seg, x):
+        inner = None if seg.inner is None else _shifted(seg.inner, seg.start)
+        return torch_checkpoint.checkpoint(_Region(chunk, inner), x, use_reentrant=False)
+
+    return plan.run(blocks, x, checkpointed)
 
 
 def _shifted(plan: planner.Plan, offset: int) -> planner.Plan:
