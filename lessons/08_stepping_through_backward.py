@@ -145,15 +145,15 @@ def figure(steps: list[dict], led, path: str, cfg: dict) -> None:
             ax.annotate(f"{s['name']} (#{s['index']}): replays block 1\n({s['recompute_ops']} ops in phase "
                         f"\"recompute\",\n{s['recomputed_saves']} \"recomputed\" saves), then runs\n"
                         "the replay's backward",
-                        (left + w / 2, s["inside_peak"] / div), xytext=(60, -5), textcoords="offset points",
-                        fontsize=8, va="top", arrowprops=dict(arrowstyle="-", color="grey", lw=0.8),
+                        (left + w / 2, s["inside_peak"] / div), xytext=(60, 45), textcoords="offset points",
+                        fontsize=8, va="bottom", arrowprops=dict(arrowstyle="-", color="grey", lw=0.8),
                         bbox=dict(boxstyle="round,pad=0.3", fc="white", ec="none", alpha=0.9))
     ax.fill_between(xs, 0, act / div, step="post", color=plots.CATEGORY_COLORS["activation"], alpha=0.85, lw=0,
                     label="activations (saved for backward)")
     ax.step(xs, grad / div, where="post", color=plots.CATEGORY_COLORS["gradient"], lw=1.4,
             label="gradients (parameters' and in flight)")
     ax.set_xlim(0, lefts[-1] + widths[-1])
-    ax.set_ylim(0, max(act.max(), grad.max()) / div * 1.15)
+    ax.set_ylim(0, max(act.max(), grad.max()) / div * 1.6)  # room above the curves for the checkpoint's note
     ax.set_xticks(lefts + np.array(widths) / 2)
     ax.set_xticklabels([f"#{s['index']} {s['name']}" for s in steps], rotation=90, fontsize=7)
     for left in lefts[1:]:
