@@ -81,10 +81,10 @@ def _gelu(u):
     return cdf
 
 
-def _gelu_backward(g, u):
-    d = erf(u * _SQRT_HALF)  # recomputed, as the engine does (it saves only u)
-    d += 1
-    d *= 0.5
+def _gelu_backward(g, u, out):
+    zero = u == 0
+    d = out / (u + zero)  # Φ(u) = gelu(u)/u, read from the kept output, as the engine does (½ at u = 0)
+    np.copyto(d, 0.5, where=zero)
     pdf = np.square(u)
     pdf *= -0.5
     np.exp(pdf, out=pdf)
@@ -139,7 +139,7 @@ def block_backward(p: dict, s: dict, dout, n_heads: int):
     grads["mlp.c_proj.weight"] = _weight_grad(dout, s["g"])
     grads["mlp.c_proj.bias"] = dout.reshape(-1, C).sum(axis=0)
     dg = dout @ p["mlp.c_proj.weight"]
-    du = _gelu_backward(dg, s["u"])
+    du = _gelu_backward(dg, s["u"], s["g"])
     del dg
     grads["mlp.c_fc.weight"] = _weight_grad(du, s["h2"])
     grads["mlp.c_fc.bias"] = du.reshape(-1, 4 * C).sum(axis=0)

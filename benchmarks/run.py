@@ -71,15 +71,17 @@ import statistics  # noqa: E402
 import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
-import numpy as np  # noqa: E402
-import scipy  # noqa: E402
-
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-import tinygrad_ckpt as tg  # noqa: E402
+import tinygrad_ckpt as tg  # noqa: E402  (before NumPy: it sets OpenBLAS's spin, see backend/threads.py)
+
+# isort: split
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+
 from benchmarks import handwritten as hw  # noqa: E402
-from tinygrad_ckpt import backend, nn  # noqa: E402
+from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
 from tinygrad_ckpt.backend import threads  # noqa: E402
 from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
@@ -316,14 +318,14 @@ def environment(args) -> dict:
             blas.append(f"{info.get('internal_api')} {info.get('version') or ''} "
                         f"({info.get('architecture') or info.get('threading_layer') or ''}, "
                         f"{info.get('num_threads')} threads)".replace("  ", " "))
-    env = {k: os.environ.get(k, "unset") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
+    env = {k: os.environ.get(k, "unset") for k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "OPENBLAS_THREAD_TIMEOUT")}
     return dict(
         python=platform.python_version(), numpy=np.__version__, scipy=scipy.__version__,
         torch=torch.__version__ if torch is not None else "not installed", cpu=cpu, cores=os.cpu_count(),
         threads=args.threads, thread_counts=args.thread_counts,
         torch_threads=torch.get_num_threads() if torch is not None else None,
         blas="; ".join(blas) or "threadpoolctl not installed", env=env, load_start=os.getloadavg(),
-        erf_wired=erf_is_fast(), uptime=_uptime(),
+        uptime=_uptime(),
     )
 
 
@@ -337,20 +339,15 @@ def _uptime() -> str:
         return "load average " + ", ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def erf_is_fast() -> bool:
-    """Does the engine's float32 erf already run erf_float32 (bitwise the same answers)?"""
-    x = np.linspace(-4, 4, 1001, dtype=F32)
-    got = np.asarray(backend.current().erf(x))
-    return got.dtype == F32 and np.array_equal(got, erf_float32(x))
-
-
 def bench_erf(cfg, args) -> dict:
     from scipy.special import erf
 
+    pin_threads(1)
     rng = np.random.default_rng(0)
     x = (rng.standard_normal(cfg["erf_n"]) * 2).astype(F32)
     out = np.empty_like(x)
-    steps = {"scipy": lambda: erf(x), "fast": lambda: erf_float32(x, out=out)}
+    steps = {"scipy": lambda: erf(x),  # "fast" takes the engine's path: cache-sized blocks (threads.rows)
+             "fast": lambda: threads.rows(lambda o, a: erf_float32(a, out=o), out, x)}
     if torch is not None:
         tx = torch.from_numpy(x)
         steps["torch_erf"] = lambda: torch.erf(tx)
@@ -370,7 +367,7 @@ def bench_main(cfg, args) -> list:
     counts = args.thread_counts
     for (B, T, d, H) in cfg["shapes"]:
         for L in cfg["layers"]:
-            extras = L == first_L  # SDPA and fast-erf columns: per-layer facts, measured on the 1-layer rows
+            extras = L == first_L  # the SDPA column: a per-layer fact, measured on the 1-layer rows
             pin_threads(counts[0])
             st = Stack(B, T, d, H, L, torch_attention=("math", "sdpa") if extras else ("math",))
             chunked = Stack(B, T, d, H, L, torch_attention=(), attention="chunked")  # same weights (same seed)
@@ -395,9 +392,6 @@ def bench_main(cfg, args) -> list:
                     steps[f"torch@{n}"] = at_threads(n, lambda st=st: st.torch_step("math"))
                     if extras:
                         steps[f"torch_sdpa@{n}"] = at_threads(n, lambda st=st: st.torch_step("sdpa"))
-                if extras and not erf_is_fast():
-                    steps[f"ours_fast_erf@{n}"] = at_threads(n, lambda st=st: with_fast_erf(st.ours_step))
-                    steps[f"hand_fast_erf@{n}"] = at_threads(n, lambda st=st: with_fast_erf(st.hw_step))
             rounds = cfg["rounds"] if args.rounds is None else args.rounds
             if est > 2.0 and args.rounds is None:
                 rounds = min(rounds, 2)
@@ -461,20 +455,6 @@ def bench_attention(cfg, args) -> dict:
         del st, ch
         gc.collect()
     return out
-
-
-def with_fast_erf(step):
-    """Run `step` with the engine's erf answering float32 arrays with erf_float32 (what backend.erf will do)."""
-    be = backend.current()
-    had, original = "erf" in vars(be), be.erf
-    be.erf = lambda x: erf_float32(x) if getattr(x, "dtype", None) == F32 else original(x)
-    try:
-        return step()
-    finally:
-        if had:
-            be.erf = original
-        else:
-            del be.erf  # back to the class's method
 
 
 def bench_ckpt(cfg, args) -> dict:
@@ -799,11 +779,11 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
       f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else env['cores']}.")
     w(f"- Python {env['python']}, NumPy {env['numpy']}, SciPy {env['scipy']}, PyTorch {env['torch']}.")
     w(f"- BLAS: {env['blas']}. OPENBLAS_CORETYPE={env['env']['OPENBLAS_CORETYPE']}, "
-      f"OPENBLAS_L2_SIZE={env['env']['OPENBLAS_L2_SIZE']}.")
+      f"OPENBLAS_L2_SIZE={env['env']['OPENBLAS_L2_SIZE']}, "
+      f"OPENBLAS_THREAD_TIMEOUT={env['env']['OPENBLAS_THREAD_TIMEOUT']} (how long its idle threads spin).")
     w(f"- Load average at start {env['load_start'][0]:.2f}, at end {env['load_end'][0]:.2f} "
       "(other processes on the machine add noise to every number below). `uptime` at start: "
       f"`{env['uptime']}`; at the end: `{env['uptime_end']}`.")
-    w(f"- Engine erf for float32: {'erf_float32 (wired)' if env['erf_wired'] else 'scipy.special.erf'}.")
     w("")
     if "main" in res:
         w("## Step time, tape overhead and bytes saved per layer")
@@ -815,7 +795,6 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
           "activation peak / layers (ours), arrays kept by the hand-written forward, PyTorch's saved tensors "
           "(hooks, one count per storage, parameters excluded). Faults: minor page faults per step.")
         w("")
-        has_fast = any("ours_fast_erf" in r["time"] for r in res["main"])
 
         def ms(t, k):
             return fmt_ms(t[k]) if k in t else "-"
@@ -823,9 +802,6 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
         head = ("| B, T, d, H | layers | threads | ours ms | hand ms | torch ms | torch sdpa ms | ours chunked ms "
                 "| ours/hand | ours/torch | hand/torch | chunked/ours |")
         sep = "|---|---|---|---|---|---|---|---|---|---|---|---|"
-        if has_fast:
-            head += " ours+fast erf ms | (ours/hand, ours/torch) with fast erf |"
-            sep += "---|---|"
         head += (" bytes/layer ours | ours chunked | torch | hand | torch sdpa | faults/step ours, hand, torch "
                  "| grad err vs hand, torch, chunked |")
         sep += "---|---|---|---|---|---|---|"
@@ -838,10 +814,6 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
                      fmt_ms(t["hand"]), ms(t, "torch"), ms(t, "torch_sdpa"), ms(t, "chunked"),
                      f"{t['ours'] / t['hand']:.2f}", f"{t['ours'] / tt:.2f}" if tt else "-",
                      f"{t['hand'] / tt:.2f}" if tt else "-", f"{t['chunked'] / t['ours']:.2f}"]
-            if has_fast:
-                of = t.get("ours_fast_erf")
-                cells += [ms(t, "ours_fast_erf"), f"{of / t['hand_fast_erf']:.2f}, " + (f"{of / tt:.2f}" if tt else "-")
-                          if of else "-"]
             cells += [fmt_b(b["ours"]), fmt_b(b["chunked"]), fmt_b(b.get("torch")), fmt_b(b["hand"]),
                       fmt_b(b.get("torch_sdpa")),
                       f"{f['ours']:.0f}, {f['hand']:.0f}, " + (f"{f['torch']:.0f}" if tt else "-"),
@@ -910,11 +882,11 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
         e = res["erf"]
         w("## Fast float32 erf")
         w("")
-        w(f"`tinygrad_ckpt.backend.erf.erf_float32` on {e['n']:,} float32 values (1 thread for NumPy/SciPy): "
+        w(f"`tinygrad_ckpt.backend.erf.erf_float32` on {e['n']:,} float32 values, every library at 1 thread: "
           + ", ".join(f"{k} {v:.2f} ns/element" for k, v in e["ns"].items())
           + f". Speed-up over SciPy: **{e['ns']['scipy'] / e['ns']['fast']:.1f}×**. Max abs error vs "
-          f"float64 erf on a dense sample of [-6, 6] plus specials: **{e['max_err']:.2e}**. "
-          "(torch_* run with the pinned threads.)")
+          f"float64 erf on a dense sample of [-6, 6] plus specials: **{e['max_err']:.2e}** (over every float32: "
+          "`python benchmarks/erf_every_float32.py`).")
         w("")
     if "profile" in res:
         w(profile_text(res["profile"]))
@@ -953,11 +925,6 @@ def summary_targets(res) -> str:
                          f"{stat([r['time']['hand'] / r['time']['torch'] for r in rows])}; by each engine's worst "
                          f"round instead of its median: "
                          f"{stat([r['worst']['ours'] / r['worst']['torch'] for r in rows])})")
-            fast = [r for r in rows if "ours_fast_erf" in r["time"]]
-            if fast:
-                lines.append(f"- with erf_float32 wired in ({len(fast)} one-layer rows): ours/torch "
-                             f"{stat([r['time']['ours_fast_erf'] / r['time']['torch'] for r in fast])}, ours/hand "
-                             f"{stat([r['time']['ours_fast_erf'] / r['time']['hand_fast_erf'] for r in fast])}")
         lines.append(f"- chunked / explicit attention step time: "
                      f"{stat([r['time']['chunked'] / r['time']['ours'] for r in rows])}")
         lines.append("")
@@ -1150,10 +1117,6 @@ def plot(res: dict, out_dir: str) -> None:
             if "torch" in rows_[0]["time"]:
                 ax.plot(xs, [r["time"]["ours"] / r["time"]["torch"] for r in rows_], "s-", label="ours / torch")
                 ax.plot(xs, [r["time"]["hand"] / r["time"]["torch"] for r in rows_], "^-", label="hand / torch")
-            fast = [i for i, r in enumerate(rows_) if "ours_fast_erf" in r["time"] and "torch" in r["time"]]
-            if fast:
-                ax.plot(fast, [rows_[i]["time"]["ours_fast_erf"] / rows_[i]["time"]["torch"] for i in fast], "D",
-                        label="ours+fast erf / torch")
             ax.axhline(1.1, color="C0", lw=0.5, ls="--")
             ax.axhline(1.3, color="C2", lw=0.5, ls="--")
             ax.set_xticks(xs, labels, fontsize=7)

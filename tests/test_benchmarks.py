@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from scipy.special import erf
 
-from tinygrad_ckpt.backend.erf import CLAMP, _erf_whole, erf_float32
+from tinygrad_ckpt.backend.erf import CLAMP, erf_float32
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -38,8 +38,8 @@ def test_fast_erf_accuracy_over_the_line():
         _all_float32_between(0.5, 4.5), _all_float32_between(1e-6, 0.5, step=7),
         np.linspace(-10, 10, 400_001, dtype=np.float32),
     ])
-    assert _max_err(x) <= 1e-7
-    assert _max_err(-x[::97]) <= 1e-7
+    assert _max_err(x) <= 1.5e-7  # measured over every float32: 1.46e-7, at 1.1868
+    assert _max_err(-x[::97]) <= 1.5e-7
 
 
 def test_fast_erf_is_odd_and_monotone():
@@ -60,39 +60,34 @@ def test_fast_erf_special_values():
     assert y[2] == 1 and y[3] == -1
     assert np.isnan(y[4])
     assert y[5] == 1 and y[6] == -1 and y[7] == 1
-    assert y[8] == 1 and y[9] == 1  # 1 - erf(3.92) < 2^-25: rounds to 1 in float32
-    assert abs(y[10] / (2 / np.sqrt(np.pi) * 1e-30) - 1) <= 2e-7  # full relative accuracy near 0
+    assert y[8] == 1 and y[9] == 1  # tanh(x·h(x²)) is exactly 1 from the clamp on
+    assert abs(y[10] / (2 / np.sqrt(np.pi) * 1e-30) - 1) <= 3e-7  # relative accuracy near 0
     assert abs(y[11] - erf(np.float64(x[11]))) <= 1.5e-45  # subnormal: within one float32 step
     assert y[12] == 1 and y[13] == -1
 
 
-def test_fast_erf_shapes_out_and_chunks():
+def test_fast_erf_relative_accuracy_near_zero():
+    x = _all_float32_between(1.2e-38, 0.5, step=101)  # normal numbers, whose erf is normal too
+    ref = erf(x.astype(np.float64))
+    assert np.max(np.abs(erf_float32(x) - ref) / ref) <= 3e-7
+
+
+def test_fast_erf_shapes_and_out():
     rng = np.random.default_rng(0)
     x = (rng.standard_normal((3, 50, 37)) * 2).astype(np.float32)
-    ref = erf(x.astype(np.float64))
-    for chunk in (1, 7, 1000, 1 << 20):
-        assert np.abs(erf_float32(x, chunk=chunk) - ref).max() <= 1e-7
     out = np.empty_like(x)
     assert erf_float32(x, out=out) is out
     y = x.copy()
     erf_float32(y, out=y)  # in place
     assert np.array_equal(y, erf_float32(x))
     t = x.transpose(2, 0, 1)  # non-contiguous in and out
-    assert np.abs(erf_float32(t) - erf(t.astype(np.float64))).max() <= 1e-7
+    assert np.abs(erf_float32(t) - erf(t.astype(np.float64))).max() <= 1.5e-7
     out_nc = np.empty((37, 3, 50), np.float32).transpose(1, 2, 0)  # shape (3, 50, 37), not contiguous
     erf_float32(x, out=out_nc)
     assert np.array_equal(out_nc, erf_float32(x))
     assert erf_float32(np.zeros((0, 4), np.float32)).shape == (0, 4)
     assert erf_float32(np.float32(0.5)).shape == ()
     assert erf_float32([0.5, -0.5]).dtype == np.float32  # lists and float64 are converted
-
-
-def test_fast_erf_whole_array_path_matches():
-    """The path other namespaces (CuPy) take evaluates the same rational, unchunked."""
-    x = np.linspace(-5, 5, 100_001, dtype=np.float32)
-    out = np.empty_like(x)
-    _erf_whole(x, np, out)
-    assert np.abs(out.astype(np.float64) - erf(x.astype(np.float64))).max() <= 1e-7
 
 
 # ---- the benchmark script -----------------------------------------------------------------------

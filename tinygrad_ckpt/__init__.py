@@ -5,6 +5,12 @@ activation checkpointing buys it back.
     from tinygrad_ckpt import nn, optim, functional as F
 """
 
+import os as _os
+import sys as _sys
+
+if "numpy" not in _sys.modules:  # OpenBLAS reads this once, as NumPy loads it (why: backend/threads.py)
+    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "14")
+
 from . import debug, functional, nn, optim
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
 from .checkpoint import (

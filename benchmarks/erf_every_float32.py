@@ -1,0 +1,43 @@
+"""The float32 erf's error over every float32 in [0, 4.5] (erf is odd, and the evaluation is too: the
+negative half is checked bit for bit against the positive), against SciPy's erf in float64.
+Beyond 4.5 the result is exactly ±1 (clamped). About a minute: `python benchmarks/erf_every_float32.py`."""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import numpy as np  # noqa: E402
+from scipy.special import erf  # noqa: E402
+
+from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
+
+SMALLEST_NORMAL = np.finfo(np.float32).tiny
+
+
+def main() -> None:
+    top = int(np.array([4.5], np.float32).view(np.int32)[0])
+    worst_abs = worst_rel = 0.0
+    at_abs = at_rel = 0.0
+    step = 1 << 24
+    for lo in range(0, top + 1, step):
+        x = np.arange(lo, min(lo + step, top + 1), dtype=np.int32).view(np.float32)
+        got = erf_float32(x)
+        assert np.array_equal(erf_float32(-x), -got), "not odd"
+        ref = erf(x.astype(np.float64))
+        err = np.abs(got.astype(np.float64) - ref)
+        i = int(err.argmax())
+        if err[i] > worst_abs:
+            worst_abs, at_abs = float(err[i]), float(x[i])
+        normal = ref >= SMALLEST_NORMAL  # subnormal results cannot be relatively accurate in float32
+        if normal.any():
+            rel = err[normal] / ref[normal]
+            j = int(rel.argmax())
+            if rel[j] > worst_rel:
+                worst_rel, at_rel = float(rel[j]), float(x[normal][j])
+    print(f"every float32 in [0, 4.5]: max |error| {worst_abs:.3g} at x = {at_abs:.7g}; "
+          f"max relative error (normal results) {worst_rel:.3g} at x = {at_rel:.7g}")
+
+
+if __name__ == "__main__":
+    main()
