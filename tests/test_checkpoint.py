@@ -222,6 +222,39 @@ def test_a_one_bit_difference_in_a_save_is_caught():
     assert _checksum(view, np) != _checksum(nudged_base.transpose(2, 0, 1), np)  # a strided view, read in place
 
 
+def test_a_drift_the_output_sample_misses_is_caught_at_the_next_save():
+    """An op's output is sampled (its first 64 elements): add saves nothing, and its output drifts at element 500
+    only, so the replay check names tanh, the next op, which saves the array it returns whole."""
+    calls = {"n": 0}
+
+    def late_drift(a):
+        calls["n"] += 1
+        w = np.zeros(1000)
+        w[500] = float(calls["n"])
+        return (a + tg.Tensor(w)).tanh()
+
+    y = tg.checkpoint(late_drift, tg.Tensor(np.ones(1000), requires_grad=True))
+    with pytest.raises(tg.CheckpointError, match=r"diverged at op 'tanh' \(tanh\): saved 'out'"):
+        y.sum().backward()
+
+
+def test_saved_views_are_fingerprinted_by_their_buffer_and_views_are_not_sampled(monkeypatch):
+    from tinygrad_ckpt.checkpoint import _checksum, _Fingerprints
+
+    qkv = np.arange(2 * 4 * 12, dtype=np.float32).reshape(2, 4, 12)
+    q, k, v = qkv[..., :4], qkv[..., 4:8].swapaxes(-1, -2), qkv[..., 8:]
+    prints = _Fingerprints()
+    assert prints.full(q) == prints.full(k) == prints.full(v) == _checksum(qkv, np)  # one in-order read
+    big = np.arange(1000, dtype=np.float32)
+    assert prints.full(big[:10]) == _checksum(big[:10], np)  # a small part of a big buffer: read alone
+    sampled = []
+    original = _Fingerprints.sample
+    monkeypatch.setattr(_Fingerprints, "sample", staticmethod(lambda a: sampled.append(a) or original(a)))
+    y = tg.checkpoint(lambda a: (a.transpose(1, 0) * 2.0).reshape(15), tg.Tensor(np.ones((3, 5)), requires_grad=True))
+    y.sum().backward()
+    assert sampled and all(a.base is None for a in sampled)  # the scale's output, not the two views
+
+
 def test_replay_with_other_shapes_is_named():
     x = tg.Tensor(np.ones((4, 3)), requires_grad=True)
     calls = {"n": 0}

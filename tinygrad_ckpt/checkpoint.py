@@ -157,12 +157,14 @@ _UNSIGNED = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
 def _checksum(a, xp, sample: bool = False) -> int | None:
     """A fingerprint of an array's bits: the wrapping sum of its words, so a change to any one element changes it
     (and -0.0 differs from 0.0: the replay must be bit for bit). A contiguous array is summed as 8-byte words,
-    a strided view (kᵀ) as unsigned integers of its own width, where it lies (no copy). `sample`: of a strided
-    view of at most 16 elements per axis, cheap enough to take of every op's output."""
+    a strided view (kᵀ) as unsigned integers of its own width, where it lies (no copy). `sample`: of the first
+    (at most) 64 elements of the first row, which the op has just written: cheap enough to take of every op's
+    output, and enough to name the first op whose values drift (its saves, and the saves after it, are checked
+    whole)."""
     if a.dtype.kind not in "fciub":
         return None
-    if sample:
-        a = a[tuple(slice(None, None, max(1, n // 16)) for n in a.shape)]
+    if sample and a.ndim:
+        a = a[(0,) * (a.ndim - 1)][:64]
     if a.flags.c_contiguous and a.nbytes % 8 == 0:
         words = a.reshape(-1).view(np.uint64)
     elif a.dtype.itemsize in _UNSIGNED:
@@ -181,13 +183,18 @@ def _described(arrays, fingerprint) -> tuple:
 
 class _Fingerprints:
     """The checksums one pass of a segment takes, each array read once: an array saved by two ops (a layer norm's
-    output, which the next linear keeps as its input) is fingerprinted once. Arrays are remembered weakly,
-    never kept alive."""
+    output, which the next linear keeps as its input) is fingerprinted once. A view saved out of a buffer not
+    much bigger than itself (attention's q, kᵀ and v, out of one qkv buffer) is fingerprinted by that whole
+    buffer, read once and in order instead of three strided reads: the segment computed the buffer, so all of
+    it must replay bit for bit. Arrays are remembered weakly, never kept alive."""
 
     def __init__(self):
         self.seen: dict[int, tuple] = {}  # id(array) -> (weak reference, checksum)
 
     def full(self, a) -> int | None:
+        owner, nbytes = backend.current().buffer(a)
+        if owner is not a and nbytes <= 4 * a.nbytes and owner.flags.c_contiguous:
+            a = owner
         hit = self.seen.get(id(a))
         if hit is not None and hit[0]() is a:
             return hit[1]
@@ -297,9 +304,13 @@ class Segment:
             # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs)
             older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
             saved = {id(a) for a in ctx.saved.values()}
-            if outputs is None:  # an output the op saves is fingerprinted whole with its saves
-                outputs = _described([(i, o) for i, o in enumerate(outs) if id(o) not in saved],
-                                     self.fingerprints.sample)
+            if outputs is None:  # an output the op saves is fingerprinted whole with its saves; a view (reshape,
+                # transpose, split) holds values whose producer was checked already: its shape and dtype suffice
+                be = backend.current()
+                outputs = (_described([(i, o) for i, o in enumerate(outs) if id(o) not in saved and be.owns_data(o)],
+                                      self.fingerprints.sample)
+                           + _described([(i, o) for i, o in enumerate(outs)
+                                         if id(o) not in saved and not be.owns_data(o)], None))
             saves = ctx.saved.items()
             saves = (_described([(k, a) for k, a in saves if id(a) not in older], self.fingerprints.full)
                      + _described([(k, a) for k, a in saves if id(a) in older], None))
