@@ -17,8 +17,11 @@ import os
 import numpy as np
 
 from .. import state
+from . import allocator
 from .meta import MetaBackend
 from .numpy_backend import Backend
+
+KEEPS_FREED_MEMORY = allocator.keep_freed_memory()  # glibc keeps freed arrays for the next step (allocator.py)
 
 
 def _cupy() -> Backend:
