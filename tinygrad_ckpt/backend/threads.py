@@ -20,9 +20,10 @@ The BLAS's threads share those cores. After a product, OpenBLAS's workers spin f
 (about 0.1 s) before they sleep, so the elementwise op that follows a product gets half a core per
 thread: GELU on [4, 128, 1024] after a linear took 3.4 ms at 2 threads instead of 1.8 ms. Importing
 tinygrad_ckpt before NumPy sets `OPENBLAS_THREAD_TIMEOUT=14` (2^14 cycles, a few µs: long enough for
-the products of one batched matmul to follow each other without sleeping; measured from 4 to 24 in
-docs/benchmarks.md's terms) unless it is set already. OpenBLAS reads it only when it loads, so a
-program that imports NumPy first keeps the long spin.
+the products of one batched matmul to follow each other without sleeping) unless it is set already;
+values from 4 to 24 were timed on GELU after a product and on attention's batched product, at 2
+threads. OpenBLAS reads it only when it loads, so a program that imports NumPy first keeps the long
+spin (`OPENBLAS_THREAD_TIMEOUT` in docs/benchmarks.md's header says which one was measured).
 """
 
 from __future__ import annotations
