@@ -192,13 +192,14 @@ class _Fingerprints:
         self.seen: dict[int, tuple] = {}  # id(array) -> (weak reference, checksum)
 
     def full(self, a) -> int | None:
-        owner, nbytes = backend.current().buffer(a)
+        be = backend.current()
+        owner, nbytes = be.buffer(a)
         if owner is not a and nbytes <= 4 * a.nbytes and owner.flags.c_contiguous:
             a = owner
         hit = self.seen.get(id(a))
         if hit is not None and hit[0]() is a:
             return hit[1]
-        value = _checksum(a, backend.current().xp)
+        value = _checksum(a, be.xp)
         try:
             self.seen[id(a)] = (weakref.ref(a), value)
         except TypeError:  # an array type without weak references: read again next time
@@ -207,7 +208,10 @@ class _Fingerprints:
 
     @staticmethod
     def sample(a) -> int | None:
-        return _checksum(a, backend.current().xp, sample=True)
+        """An op output's fingerprint; None for a view (reshape, transpose, split), whose values the op that
+        produced them was checked for already."""
+        be = backend.current()
+        return _checksum(a, be.xp, sample=True) if be.owns_data(a) else None
 
 
 @dataclass
@@ -304,13 +308,9 @@ class Segment:
             # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs)
             older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
             saved = {id(a) for a in ctx.saved.values()}
-            if outputs is None:  # an output the op saves is fingerprinted whole with its saves; a view (reshape,
-                # transpose, split) holds values whose producer was checked already: its shape and dtype suffice
-                be = backend.current()
-                outputs = (_described([(i, o) for i, o in enumerate(outs) if id(o) not in saved and be.owns_data(o)],
-                                      self.fingerprints.sample)
-                           + _described([(i, o) for i, o in enumerate(outs)
-                                         if id(o) not in saved and not be.owns_data(o)], None))
+            if outputs is None:  # an output the op saves is fingerprinted whole with its saves
+                outputs = _described([(i, o) for i, o in enumerate(outs) if id(o) not in saved],
+                                     self.fingerprints.sample)
             saves = ctx.saved.items()
             saves = (_described([(k, a) for k, a in saves if id(a) not in older], self.fingerprints.full)
                      + _described([(k, a) for k, a in saves if id(a) in older], None))
