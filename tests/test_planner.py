@@ -35,6 +35,15 @@ def random_chain(rng: random.Random, n: int) -> list[LayerCost]:
     return [LayerCost(rng.randint(1, 9), rng.randint(1, 12), rng.randint(1, 6)) for _ in range(n)]
 
 
+def random_chain_with_tails(rng: random.Random, n: int) -> list[LayerCost]:
+    """Layers whose replay may stop before a tail of 0 to all of their forward FLOPs."""
+    layers = []
+    for _ in range(n):
+        f = rng.randint(1, 9)
+        layers.append(LayerCost(f, rng.randint(1, 12), rng.randint(1, 6), rng.randint(0, f)))
+    return layers
+
+
 # --- simulate, by hand --------------------------------------------------------------------------------
 
 
@@ -81,6 +90,25 @@ def test_nested_checkpoint_reuses_the_held_input():
     assert result.peak_bytes == 2 + 5 + 7
     assert result.recompute_flops == (10 + 20 + 30) + (10 + 20)
     assert result.replay_counts == (2, 2, 1)
+
+
+def test_a_replay_stops_before_the_tail_of_its_last_layer_when_that_layer_runs_plainly():
+    """Early stop: the replay of [p, q) skips t_{q-1} when layer q-1 runs plainly in it; an inner checkpoint
+    that ends the replay runs whole there (its own replay, later, skips its tail)."""
+    tails = [LayerCost(10, 5, 2, 4), LayerCost(20, 7, 4, 6), LayerCost(30, 3, 1, 12)]
+    every = simulate(tails, every_layer_plan(3))
+    assert every.recompute_flops == (10 - 4) + (20 - 6) + (30 - 12)
+    one = simulate(tails, Plan([Segment(0, 2, checkpoint=True), Segment(2, 3)]))
+    assert one.recompute_flops == 10 + (20 - 6)  # layer 0's tail is read by layer 1: it runs
+    ends_nested = Plan([Segment(0, 3, True, Plan([Segment(0, 1), Segment(1, 3, checkpoint=True)]))])
+    assert simulate(tails, ends_nested).recompute_flops == (10 + 20 + 30) + (20 + 30 - 12)
+    ends_plain = Plan([Segment(0, 3, True, Plan([Segment(0, 2, checkpoint=True), Segment(2, 3)]))])
+    assert simulate(tails, ends_plain).recompute_flops == (10 + 20 + 30 - 12) + (10 + 20 - 6)
+    assert simulate(tails, every_layer_plan(3)).peak_bytes == simulate(SMALL, every_layer_plan(3)).peak_bytes
+    with pytest.raises(ValueError, match="tail_flops .*at most forward_flops"):
+        LayerCost(10, 5, 2, 11)
+    with pytest.raises(ValueError, match="non-negative"):
+        LayerCost(10, 5, 2, -1)
 
 
 def test_simulate_rejects_a_plan_for_another_chain():
@@ -285,6 +313,10 @@ BRUTE_FORCE_CASES = [  # (n, nesting depth enumerated, chain)
     (5, 3, periodic_chain(5)),
     (6, 2, random_chain(random.Random(3), 6)),
     (6, 1, random_chain(random.Random(4), 6)),
+    (4, 4, random_chain_with_tails(random.Random(5), 4)),
+    (5, 3, random_chain_with_tails(random.Random(6), 5)),
+    (5, 5, random_chain_with_tails(random.Random(7), 5)),
+    (6, 2, random_chain_with_tails(random.Random(8), 6)),
 ]
 
 

@@ -1,12 +1,16 @@
 """Checkpoint plans for a chain of layers: the memory model, a simulator, an optimal planner.
 
-Layer k of a chain 0..n-1 has three costs (``LayerCost``):
+Layer k of a chain 0..n-1 has four costs (``LayerCost``):
     f_k  forward FLOPs of one run of the layer,
     a_k  bytes its ops save for backward when it runs plainly (its interior),
-    b_k  bytes of its input x_k, which a checkpoint starting at k keeps.
+    b_k  bytes of its input x_k, which a checkpoint starting at k keeps,
+    t_k  FLOPs of its tail: the last ops a replay that ends with layer k need not run, because backward
+         reads none of their outputs and they save only their inputs (a block's last linear and residual
+         add; the engine's early stop, tinygrad_ckpt.checkpoint).
 A ``Plan`` cuts [start, stop) into contiguous segments. A plain segment holds a_k from layer k's forward
 until its backward. A checkpointed segment [p, q) holds only x_p in the forward; in the backward it replays
-its inner plan over [p, q) (those forward FLOPs are recompute), runs that plan's backward, then drops x_p.
+its inner plan over [p, q) (those forward FLOPs are recompute, less t_{q-1} if layer q-1 runs plainly in
+it: an inner checkpoint that ends the replay runs whole), runs that plan's backward, then drops x_p.
 Held items form a set: x_p already held by an enclosing checkpoint costs nothing again. Temporaries and
 gradients are not modelled. ``simulate`` runs exactly this model; ``plan_chain`` finds the plan with the
 least recompute whose simulated peak fits a budget (the heterogeneous-chain form of Revolve).
@@ -27,15 +31,19 @@ TARGET_BUDGET_UNITS = 128
 
 @dataclass(frozen=True)
 class LayerCost:
-    """Costs of one layer: f_k = forward_flops, a_k = saved_bytes, b_k = input_bytes."""
+    """Costs of one layer: f_k = forward_flops, a_k = saved_bytes, b_k = input_bytes, t_k = tail_flops
+    (0 <= t_k <= f_k; measured as f_k less the layer's recompute FLOPs in an every-layer checkpointed run)."""
 
     forward_flops: float
     saved_bytes: int
     input_bytes: int
+    tail_flops: float = 0
 
     def __post_init__(self):
-        if min(self.forward_flops, self.saved_bytes, self.input_bytes) < 0:
+        if min(self.forward_flops, self.saved_bytes, self.input_bytes, self.tail_flops) < 0:
             raise ValueError(f"layer costs must be non-negative, got {self}")
+        if self.tail_flops > self.forward_flops:
+            raise ValueError(f"tail_flops is part of a layer's forward, so at most forward_flops, got {self}")
 
 
 def uniform_costs(
@@ -248,6 +256,8 @@ def simulate(costs: list[LayerCost], plan: Plan) -> SimResult:
                 for k in range(seg.start, seg.stop):
                     recompute += costs[k].forward_flops
                     replays[k] += 1
+                if seg is plan.segments[-1] and not seg.checkpoint:  # the replay stops before the tail
+                    recompute -= costs[seg.stop - 1].tail_flops
             fresh = seg.checkpoint and ("input", seg.start) not in held
             if fresh:
                 hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
@@ -367,10 +377,11 @@ def plan_chain(
 ) -> Plan:
     """The plan with the least recompute FLOPs whose simulated peak is <= budget_bytes.
 
-    Dynamic programme over (i, j, m, held, depth_left): the best plan over [i, j) within m memory units,
-    x_i already held or not. Either layer i runs plainly, leaving m - a_i for [i+1, j), or a checkpoint
+    Dynamic programme over (i, j, m, held, depth_left, ends_replay): the best plan over [i, j) within m
+    memory units, x_i already held or not, [i, j) ending a replay or not (then a plain layer j-1 saves its
+    tail: recompute - t_{j-1}). Either layer i runs plainly, leaving m - a_i for [i+1, j), or a checkpoint
     [i, k) keeps x_i (c = b_i, or 0 if held; k < j if held) and
-        recompute = f_i + ... + f_{k-1} + best(k, j, m - c) + best(i, k, m - c, held=True),
+        recompute = f_i + ... + f_{k-1} + best(k, j, m - c) + best(i, k, m - c, held=True, ends_replay=True),
     because the rest runs on top of x_i and, later, the replay of [i, k) runs on top of x_i alone.
     Bytes are rounded UP to multiples of ``granularity`` (default: see ``_auto_granularity``), so the
     plan fits the budget with exact bytes. ``max_depth`` caps checkpoint nesting (None: no cap).
@@ -391,7 +402,10 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
             f"no plan fits a budget of {budget_bytes} bytes: the minimum feasible peak is {least} bytes"
             + (f" (max_depth={max_depth})" if max_depth is not None else "")
         )
-    if sum(c.saved_bytes for c in costs) <= budget_bytes:
+    # a layer whose forward is all tail (t_k = f_k) replays for free when a checkpoint ends with it: a plan
+    # with such a checkpoint ties all-plain at zero recompute, maybe with a lower peak, so it is searched
+    free_before = [0, *accumulate(c.tail_flops == c.forward_flops for c in costs)]
+    if sum(c.saved_bytes for c in costs) <= budget_bytes and not free_before[n]:
         return _with_predictions(costs, no_checkpoint_plan(n))  # zero recompute, whatever the rounding
     unit = granularity or _auto_granularity(costs, budget_bytes, max_depth)
     saved = [-(-c.saved_bytes // unit) for c in costs]
@@ -399,30 +413,32 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
     flops_before = [0, *accumulate(c.forward_flops for c in costs)]
     saved_before = [0, *accumulate(saved)]
     least_units = _min_peak_function(saved, inputs)
-    first = _canonical_ranges([(a, b, c.forward_flops) for a, b, c in zip(saved, inputs, costs)])
+    tails = [c.tail_flops for c in costs]
+    first = _canonical_ranges([(a, b, c.forward_flops, c.tail_flops) for a, b, c in zip(saved, inputs, costs)])
 
     @cache
-    def best(i: int, j: int, m: int, held: bool, depth_left: int | None):
+    def best(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool):
         """(recompute, peak units, split) of the best plan over [i, j) within m units, or None if none
         fits; split None: layer i runs plainly, else the first segment is the checkpoint [i, i + split).
         Called with canonical ranges only (``first``), so equal sub-chains share one entry."""
-        if saved_before[j] - saved_before[i] <= m:
-            return (0, saved_before[j] - saved_before[i], None)  # all plain: nothing to recompute
+        saved_tail = tails[j - 1] if ends_replay and i < j else 0  # what a plain layer j-1 does not recompute
+        if saved_before[j] - saved_before[i] <= m and free_before[j] == free_before[i]:
+            return (-saved_tail, saved_before[j] - saved_before[i], None)  # all plain: only a replay's tail saved
         if least_units(i, j, held, depth_left) > m:
             return None
         choice = None
-        if saved[i] <= m and (rest := best(*first[i + 1][j], m - saved[i], False, depth_left)):
-            choice = (rest[0], saved[i] + rest[1], None)
+        if saved[i] <= m and (rest := best(*first[i + 1][j], m - saved[i], False, depth_left, ends_replay)):
+            choice = (rest[0] - (saved_tail if i + 1 == j else 0), saved[i] + rest[1], None)
         c = 0 if held else inputs[i]
         if depth_left == 0 or c > m:
             return choice
         inner_depth = None if depth_left is None else depth_left - 1
         for k in range(i + 1, j if held else j + 1):
             replay_flops = flops_before[k] - flops_before[i]
-            if choice and replay_flops > choice[0]:
-                break  # replaying more layers only costs more
-            rest = best(*first[k][j], m - c, False, depth_left)
-            replay = best(*first[i][k], m - c, True, inner_depth)
+            if choice and replay_flops - tails[k - 1] - saved_tail > choice[0]:
+                break  # replaying more layers only costs more (f_k >= t_k: the bound grows with k)
+            rest = best(*first[k][j], m - c, False, depth_left, ends_replay)
+            replay = best(*first[i][k], m - c, True, inner_depth, True)
             if rest and replay:
                 peak = c + (rest[1] if rest[1] > replay[1] else replay[1])
                 option = (replay_flops + rest[0] + replay[0], peak, k - i)
@@ -430,11 +446,11 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
                     choice = option
         return choice
 
-    def build(i: int, j: int, m: int, held: bool, depth_left: int | None) -> list[Segment]:
+    def build(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool) -> list[Segment]:
         """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
         segments: list[Segment] = []
         while i < j:
-            split = best(*first[i][j], m, held, depth_left)[2]
+            split = best(*first[i][j], m, held, depth_left, ends_replay)[2]
             if split is None:
                 if segments and not segments[-1].checkpoint:
                     segments[-1] = Segment(segments[-1].start, i + 1)
@@ -444,19 +460,19 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
             else:
                 k = i + split
                 m -= 0 if held else inputs[i]
-                inner = build(i, k, m, True, None if depth_left is None else depth_left - 1)
+                inner = build(i, k, m, True, None if depth_left is None else depth_left - 1, True)
                 segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
                 i = k
             held = False
         return segments
 
     capacity = budget_bytes // unit
-    if best(0, n, capacity, False, max_depth) is None:  # [0, n) is its own canonical range
+    if best(0, n, capacity, False, max_depth, False) is None:  # [0, n) is its own canonical range
         raise ValueError(
             f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
             f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
         )
-    return _with_predictions(costs, Plan(build(0, n, capacity, False, max_depth)))
+    return _with_predictions(costs, Plan(build(0, n, capacity, False, max_depth, False)))
 
 
 def _with_predictions(costs: list[LayerCost], plan: Plan) -> Plan:
