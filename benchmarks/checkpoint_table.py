@@ -5,8 +5,9 @@
 For each plan: the activation peak and total peak from the ledger, the total peak tracemalloc
 saw in a separate run (it also sees the temporaries inside ops, which the ledger does not hold),
 and the FLOPs by phase. The planner is given per-layer costs measured from the uncheckpointed
-ledger run and three budgets; its predicted peak (chain model + the constant saves outside the
-blocks) is printed beside the measured one.
+ledger run (and the tail each replay stops before, from the every-layer run) and three budgets;
+its predicted peak (chain model + the constant saves outside the blocks) is printed beside the
+measured one.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, planner
+from tinygrad_ckpt.measure import layer_costs
 from tinygrad_ckpt.units import format_bytes
 
 
@@ -48,13 +50,11 @@ def measure(cfg, checkpoint):
     return led, traced_peak, grads
 
 
-def layer_costs(led, cfg):
-    """Per-layer saved bytes, input bytes and forward FLOPs, measured from an uncheckpointed run."""
-    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
-    input_bytes = cfg["B"] * cfg["T"] * cfg["d"] * 4
+def layer_costs_of(base_led, every_led, cfg):
+    """Per-layer costs (tinygrad_ckpt.measure.layer_costs) and the bytes saved outside the blocks."""
     blocks = [f"transformer.h.{i}" for i in range(cfg["n_layer"])]
-    costs = [planner.LayerCost(flops[b], saved[b], input_bytes) for b in blocks]
-    outside = sum(v for k, v in saved.items() if k not in blocks)
+    costs = layer_costs(base_led, every_led, blocks, cfg["B"] * cfg["T"] * cfg["d"] * 4)
+    outside = sum(v for k, v in base_led.saved_breakdown(by="layer").items() if k not in blocks)
     return costs, outside
 
 
@@ -62,7 +62,8 @@ def main(quick=False, out="docs/checkpointing.md"):
     cfg = dict(n_layer=8 if quick else 32, d=32 if quick else 64, T=32 if quick else 64, B=4, heads=4)
     n = cfg["n_layer"]
     base_led, base_traced, base_grads = measure(cfg, None)
-    costs, outside = layer_costs(base_led, cfg)
+    every = measure(cfg, "every_layer")
+    costs, outside = layer_costs_of(base_led, every[0], cfg)
     block_forward = sum(c.forward_flops for c in costs)
     full = planner.simulate(costs, planner.no_checkpoint_plan(n)).peak_bytes
     low = planner.minimum_peak_bytes(costs)
@@ -75,11 +76,13 @@ def main(quick=False, out="docs/checkpointing.md"):
         planned.append((f"planner, chain budget {format_bytes(b)}", plan))
     rows = []
     for label, spec in plans + planned:
-        led, traced, grads = (base_led, base_traced, base_grads) if spec is None else measure(cfg, spec)
+        led, traced, grads = ((base_led, base_traced, base_grads) if spec is None
+                              else every if spec == "every_layer" else measure(cfg, spec))
         same = all(np.array_equal(grads[k], base_grads[k]) for k in base_grads)
         predicted = ""
         if isinstance(spec, planner.Plan):
-            predicted = format_bytes(spec.predicted_peak_bytes + outside)
+            predicted = (f"{format_bytes(spec.predicted_peak_bytes + outside)}, "
+                         f"{spec.predicted_recompute_flops / block_forward:.3f}")
         rows.append((label, led.peak_bytes("activation"), predicted, led.peak_bytes(), traced,
                      led.flops("forward"), led.flops("recompute"), led.flops("recompute") / block_forward, same,
                      spec.describe() if isinstance(spec, planner.Plan) else ""))
@@ -92,11 +95,14 @@ def main(quick=False, out="docs/checkpointing.md"):
         "",
         "Activation peak and total peak are the ledger's; *traced peak* is tracemalloc's peak in a separate "
         "run (all NumPy and Python allocations, including the temporaries inside ops that the ledger does not "
-        "hold). *Predicted* is the planner's chain model plus the activations saved outside the blocks "
-        f"({format_bytes(outside)}: embeddings, final layer norm, lm_head, loss). Recompute is in units of one "
+        "hold). *Predicted* is the planner's chain model: its activation peak plus the activations saved outside "
+        f"the blocks ({format_bytes(outside)}: embeddings, final layer norm, lm_head, loss), and its recompute. A "
+        "replay stops once backward has every array it needs (before each segment's last linear and residual "
+        "add), so every layer recomputes less than one forward. Recompute is in units of one "
         f"forward of the {n} blocks ({block_forward:.3e} FLOPs).",
         "",
-        "| plan | activation peak | predicted | total peak (ledger) | traced peak | forward FLOPs | recompute FLOPs "
+        "| plan | activation peak | predicted (peak, recompute) | total peak (ledger) | traced peak | forward FLOPs "
+        "| recompute FLOPs "
         "| recompute / block forward | gradients bitwise equal |",
         "|---|---:|---:|---:|---:|---:|---:|---:|:-:|",
     ]
@@ -106,7 +112,8 @@ def main(quick=False, out="docs/checkpointing.md"):
     lines += ["", "Planner schedules:", ""]
     lines += [f"- {label}: `{desc}`" for label, *_, desc in rows if desc]
     lines += ["", f"Per-layer measured costs: saved {format_bytes(costs[0].saved_bytes)}, input "
-              f"{format_bytes(costs[0].input_bytes)}, forward {costs[0].forward_flops:.3e} FLOPs.", ""]
+              f"{format_bytes(costs[0].input_bytes)}, forward {costs[0].forward_flops:.3e} FLOPs, of which the tail "
+              f"a replay stops before {costs[0].tail_flops:.3e}.", ""]
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text("\n".join(lines))
     print(f"wrote {out}")

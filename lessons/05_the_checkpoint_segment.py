@@ -5,9 +5,11 @@ and once with every block wrapped in `tg.checkpoint`. The checkpointed forward k
 input (one [B, T, d] array) instead of everything the block's ops save; in backward each checkpoint
 entry replays its block (ledger phase "recompute") and backpropagates through the replay. Measured:
 every parameter gradient is bitwise equal (np.array_equal), the activation peak drops, and the replay
-costs one extra forward of the blocks, to the FLOP. Then what goes wrong without the RNG state: with
-preserve_rng_state=False the replay draws new dropout masks; the replay check raises CheckpointError
-naming the dropout op, and with determinism_check="none" the gradient is silently wrong.
+costs one extra forward of the blocks, less the ops at the end of each block that backward does not
+need run again (the residual add here: the replay stops once backward has every array it needs). Then
+what goes wrong without the RNG state: with preserve_rng_state=False the replay draws new dropout
+masks; the replay check raises CheckpointError naming the dropout op, and with
+determinism_check="none" the gradient is silently wrong.
 
 Claim (chapter "Activation Checkpointing", section "The Memory Problem Activation Checkpointing
 Solves"): the idle activations can be dropped and "recomputed on demand", turning idle
@@ -129,7 +131,7 @@ def flops_figure(runs, path) -> None:
     ax.set_xlabel("MFLOP (counted by the ledger, per phase)")
     ax.set_xlim(0, max(led.flops() for _, led in runs) / scale * 1.18)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.32), ncol=4, fontsize=8, frameon=False)
-    ax.set_title("One forward + backward: the checkpointed run adds one forward of the blocks")
+    ax.set_title("One forward + backward: the checkpointed run adds (almost) one forward of the blocks")
     ax.grid(axis="x", alpha=0.3)
     plots.save(fig, path)
 
@@ -203,6 +205,14 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           f"ratio {recompute_ratio:.4f}")
     print(f"forward + backward (+ recompute): {train_plain:,} -> {train_ckpt:,} FLOPs "
           f"(×{train_ckpt / train_plain:.3f}; backward is about 2× forward, so one extra forward is about +33%)")
+    # the replay meets the blocks' ops in the forward's order; one it served instead of running shows 0 FLOPs
+    forward_ops = [op for op in lc.ops if op["phase"] == "forward" and op["name"].startswith("transformer.h.")
+                   and op["op"] != "checkpoint"]
+    stopped_before = sorted({f["name"].split(".", 3)[3] for f, r in zip(forward_ops, replay_ops)
+                             if f["flops"] and not r["flops"]})
+    print(f"The {fwd_blocks - recompute:,} FLOPs not replayed are each block's {', '.join(stopped_before)}: the "
+          "replay stops early, as PyTorch's does,\nonce backward has every array it needs (such an op saves at "
+          "most its inputs, and no op the replay runs reads its output).")
 
     C.heading("6. Without the RNG state, the replay draws different dropout masks")
     bad = build(cfg, ckpt_kwargs={"preserve_rng_state": False})
@@ -262,6 +272,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         block_forward_flops=fwd_blocks,
         recompute_flops=recompute,
         recompute_ratio=recompute_ratio,
+        stopped_before=stopped_before,
         recompute_ops=len(replay_ops),
         recomputed_events=len(recomputed),
         rng_error=error,

@@ -5,10 +5,12 @@ checkpointed segments for every k from 1 to n. Chen et al. (2016) keep k segment
 segment at a time: peak ≈ k·b + (n/k)·a, least at k = √(n·a/b), which is √n only when a layer keeps
 as much as its input (a = b: the tanh chain). A GPT block keeps a ≈ 18× its input at this
 size (16·B·T·d values plus T² terms, so more as T grows), so its best k is
-near n. Single-level checkpointing costs one extra forward whatever k is; only nesting (recursive
-plans) goes lower in memory, and only by replaying more. The chain's memory model
-(tinygrad_ckpt/planner.py: simulate) is fed per-layer costs measured from one plain ledger run and
-predicts every measured activation peak and recompute count. The planner (plan_chain) then picks
+near n. Single-level checkpointing costs about one extra forward whatever k is (a replay stops once
+backward has what it needs, before each segment's last linear and residual add, so more segments
+replay slightly less); only nesting (recursive plans) goes lower in memory, and only by replaying
+more. The chain's memory model (tinygrad_ckpt/planner.py: simulate) is fed per-layer costs measured
+from one plain and one every-layer ledger run and predicts every measured activation peak and
+recompute count. The planner (plan_chain) then picks
 the least-recompute plan for three budgets, run through GPT(checkpoint=plan). Last, the frontier:
 recompute FLOPs against peak activation memory for every policy.
 
@@ -38,6 +40,7 @@ from matplotlib.ticker import FuncFormatter
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import estimate, nn, planner, plots
 from tinygrad_ckpt.checkpoint import run_plan
+from tinygrad_ckpt.measure import layer_costs
 from tinygrad_ckpt.planner import LayerCost, Plan
 
 SLUG = "06_sqrt_n_and_beyond"
@@ -72,18 +75,17 @@ def run_gpt(cfg: dict, batch, checkpoint=None, keep_ledger: bool = False) -> dic
     return out
 
 
-def measured_costs(cfg: dict, led) -> dict:
+def measured_costs(cfg: dict, led, every_led) -> dict:
     """Per-layer costs from a plain run: a_k (saved bytes of block k), b_k (its input), f_k (its forward
-    FLOPs), and what the stem (embeddings) and head (ln_f, lm_head, loss) save outside the chain."""
-    n = cfg["n_layer"]
-    by_layer, flops_by_layer = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
-    saved = [by_layer[f"transformer.h.{k}"] for k in range(n)]
-    flops = [flops_by_layer[f"transformer.h.{k}"] for k in range(n)]
+    FLOPs), and what the stem (embeddings) and head (ln_f, lm_head, loss) save outside the chain; and from
+    an every-layer checkpointed run t_k = f_k - the FLOPs block k's replay ran (the tail it skipped)."""
     input_bytes = cfg["batch"] * cfg["seq_len"] * cfg["d_model"] * 4  # B·T·d float32
+    costs = layer_costs(led, every_led, [f"transformer.h.{k}" for k in range(cfg["n_layer"])], input_bytes)
+    by_layer = led.saved_breakdown(by="layer")
     stem = sum(v for key, v in by_layer.items() if key in ("transformer.wte", "transformer.wpe", "transformer.drop"))
-    head = sum(by_layer.values()) - sum(saved) - stem
-    return dict(costs=[LayerCost(f, a, input_bytes) for f, a in zip(flops, saved)], stem=stem, head=head,
-                a=saved[0], b=input_bytes, f=flops[0])
+    head = sum(by_layer.values()) - sum(c.saved_bytes for c in costs) - stem
+    return dict(costs=costs, stem=stem, head=head, a=costs[0].saved_bytes, b=input_bytes, f=costs[0].forward_flops,
+                t=costs[0].tail_flops)
 
 
 def predict(m: dict, plan: Plan) -> tuple[int, float]:
@@ -160,7 +162,7 @@ def sweep_figure(res: dict, path: str) -> None:
     ax.set_ylim(0, 115)
     ax.set_xlabel("k segments")
     ax.set_ylabel("recompute FLOPs (% of the blocks' forward)")
-    ax.set_title("Recompute: one forward for every k (less if the last segment is plain)", fontsize=10)
+    ax.set_title("Recompute: about one forward for every k (less if the last segment is plain)", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
 
@@ -182,7 +184,8 @@ def sweep_figure(res: dict, path: str) -> None:
     ax.set_title(f"Chen's setting: {nc} tanh layers, a = b", fontsize=10)
     ax.legend(fontsize=8, loc="lower right")
     ax.grid(alpha=0.3)
-    fig.suptitle("k checkpointed segments: peak ≈ k·b + (n/k)·a, least at k = √(n·a/b); recompute stays one forward")
+    fig.suptitle("k checkpointed segments: peak ≈ k·b + (n/k)·a, least at k = √(n·a/b); recompute stays about one "
+                 "forward")
     plots.save(fig, path)
 
 
@@ -271,14 +274,18 @@ def _main(quick: bool, out: str) -> dict:
 
     # 1. costs
     plain = run_gpt(cfg, batch, keep_ledger=True)
-    m = measured_costs(cfg, plain.pop("led"))
-    a, b, f = m["a"], m["b"], m["f"]
+    m = measured_costs(cfg, plain.pop("led"), run_gpt(cfg, batch, "every_layer", keep_ledger=True)["led"])
+    a, b, f, t = m["a"], m["b"], m["f"], m["t"]
     k_star = math.sqrt(n * a / b)
-    C.heading("1. Per-layer costs, measured from one plain run")
+    C.heading("1. Per-layer costs, measured from one plain and one every-layer run")
     print(f"a = saved bytes of one block (led.saved_breakdown('layer')['transformer.h.0']): {a:,} B")
     print(f"b = bytes of a block's input, B·T·d·4:                                         {b:,} B  "
           f"(a/b = {a / b:.1f})")
     print(f"f = forward FLOPs of one block (led.flops_by_layer()['transformer.h.0']):        {f:,}")
+    print(f"t = FLOPs of its tail, which a replay that ends with it skips:                     {t:,} "
+          f"({t / f:.0%} of f)\n    = f less led.flops_by_layer('recompute')['transformer.h.0'] of an every-layer "
+          "run: the block's last linear\n    and residual add save only their inputs and backward reads none of their "
+          "outputs, so the replay stops before them")
     print(f"outside the chain: the stem (embeddings) keeps {m['stem']:,} B throughout, the head (ln_f, lm_head, "
           f"loss)\n{m['head']:,} B until the backward reaches the blocks. Plain activation peak: "
           f"{C.format_bytes(plain['peak'])} = n·a + stem + head = {n * a + m['stem'] + m['head']:,} B "
@@ -317,12 +324,14 @@ def _main(quick: bool, out: str) -> dict:
           f"{worst_pred:.2%}, largest recompute error {worst_flops:.2%}.")
     print(f"least peak at k = {best['k']} ({C.format_bytes(best['peak'])}); √n = {math.sqrt(n):.1f} gives "
           f"{C.format_bytes(sqrt_row['peak'])} at k = {sqrt_row['k']}, {sqrt_row['peak'] / best['peak']:.1f}× more.")
+    one_segment, n_segments = (100 * r["recompute"] / r["block_forward"] for r in (gpt_sweep[0], gpt_sweep[-1]))
     print(f"Chen's peak k·b + (n/k)·a is least at k* = √(n·a/b) = √({n}·{a / b:.1f}) = {k_star:.1f} "
           f"(estimate.chen_optimal_segments: {estimate.chen_optimal_segments(n, b, a)}).\n"
           f"√n is that optimum only when a = b. A block keeps {a / b:.0f}× its input, so the best k sits near n: "
           "checkpoint\nevery block (with whole layers, a segment of 2 layers costs a second `a` for every "
-          f"k from {(n + 1) // 2} to {n - 1}).\nAnd every k costs the same: each layer is replayed exactly once "
-          f"(recompute {100 * gpt_sweep[0]['recompute'] / gpt_sweep[0]['block_forward']:.0f}% for all k).")
+          f"k from {(n + 1) // 2} to {n - 1}).\nAnd every k costs about the same: each layer is replayed once, "
+          f"less one tail t per segment\n(recompute = n·f - k·t: {one_segment:.1f}% at k = 1, "
+          f"{n_segments:.1f}% at k = {n}).")
     lp_best = min(last_plain, key=lambda r: r["recompute"])
     print(f"With the last segment plain (PyTorch's checkpoint_sequential) its n/k layers are not replayed\n"
           f"(k = {lp_best['k']}: {lp_best['recompute'] / lp_best['block_forward']:.0%} of a forward), but their "
@@ -441,7 +450,7 @@ def _main(quick: bool, out: str) -> dict:
         print(f"Not every nesting helps: recursive_plan(n, depth=2) replays its deepest halves plainly, and is worse "
               f"than every_layer\non both axes ({C.format_bytes(depth2['peak'])} and "
               f"{100 * depth2['recompute'] / depth2['block_forward']:.0f}% against {C.format_bytes(every['peak'])} "
-              "and 100%).")
+              f"and {100 * every['recompute'] / every['block_forward']:.0f}%).")
     sm = by["save_matmuls"]
     sm_pct = 100 * sm["recompute"] / sm["block_forward"]
     block_level = min(c["peak"] for c in curve if c["recompute_pct"] <= sm_pct)
@@ -450,7 +459,7 @@ def _main(quick: bool, out: str) -> dict:
           "between blocks, a policy chooses inside them.")
 
     res = dict(
-        config=cfg, n_layer=n, a=a, b=b, f=f, a_over_b=a / b, k_star=k_star, stem=m["stem"], head=m["head"],
+        config=cfg, n_layer=n, a=a, b=b, f=f, t=t, a_over_b=a / b, k_star=k_star, stem=m["stem"], head=m["head"],
         plain_peak=plain["peak"], gpt_sweep=gpt_sweep, last_plain_sweep=last_plain,
         best_k=best["k"], best_peak=best["peak"], sqrt_k_peak=sqrt_row["peak"],
         max_peak_prediction_error=worst_pred, max_recompute_prediction_error=worst_flops,

@@ -66,6 +66,30 @@ def block_forward_flops(led) -> int:
     return sum(f for layer, f in led.flops_by_layer("forward").items() if layer.startswith("transformer.h."))
 
 
+def label_ops(names: list[str]) -> list[str]:
+    """Block h.0's op names, short, with SECOND_NAMES telling apart two ops of one name, in order."""
+    labels, seen = [], {}
+    for name in names:
+        short = name[len("transformer.h.0."):]
+        occurrence = seen.get(short, 0)
+        seen[short] = occurrence + 1
+        labels.append(SECOND_NAMES[short][occurrence] if short in SECOND_NAMES else short)
+    return labels
+
+
+def block_replay(led) -> list[tuple[str, int, int]]:
+    """(label, forward FLOPs, FLOPs its replay ran) of each op of block h.0, from a checkpointed run's ledger:
+    the replay meets the ops in the forward's order; an op it served (kept by the policy, or past the last op
+    backward needs: the early stop) ran with 0 FLOPs."""
+    def of(phase):
+        return [op for op in led.ops if op["phase"] == phase and op["name"].startswith("transformer.h.0.")
+                and op["op"] != "checkpoint"]
+    forward, replay = of("forward"), of("recompute")
+    assert [op["name"] for op in forward] == [op["name"] for op in replay], "the replay ran other ops"
+    return [(label, f["flops"], r["flops"])
+            for label, f, r in zip(label_ops([op["name"] for op in forward]), forward, replay)]
+
+
 def block_ops(cfg: dict) -> tuple[list[dict], dict]:
     """Every op of block h.0 from a plain forward: what it keeps (bytes of buffers it is the first to
     save, parameters excluded: a buffer shared by several ops counts once), its forward FLOPs (what a
@@ -75,7 +99,7 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
     params = {id(be.buffer(p.data)[0]) for p in model.parameters()}
     batch = C.token_batch(cfg["vocab"], cfg["batch"], cfg["seq_len"], seed=1)
     C.fresh()
-    rows, seen, seen_names = [], set(), {}
+    rows, seen = [], set()
     with tg.Ledger() as led:
         _, loss = model(*batch)
         after_forward = led.live_bytes("activation")
@@ -94,15 +118,13 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
                     kept += nbytes
             if not entry.name.startswith("transformer.h.0."):
                 continue
-            short = entry.name[len("transformer.h.0."):]
-            occurrence = seen_names.get(short, 0)
-            seen_names[short] = occurrence + 1
-            label = SECOND_NAMES[short][occurrence] if short in SECOND_NAMES else short
-            rows.append(dict(name=entry.name, label=label, op=entry.op, bytes=kept, flops=entry.ctx.flops[0],
+            rows.append(dict(name=entry.name, op=entry.op, bytes=kept, flops=entry.ctx.flops[0],
                              keys=keys, decisions={p: pol.decide(entry.op, entry.name) for p, pol in POLICIES}))
         loss.backward()
     del model, loss
     C.fresh()
+    for row, label in zip(rows, label_ops([r["name"] for r in rows])):
+        row["label"] = label
     return rows, dict(peak=led.peak_bytes("activation"), recompute=0, block_forward=block_forward_flops(led),
                       after_forward=after_forward, per_block=led.saved_breakdown("layer")["transformer.h.0"])
 
@@ -151,7 +173,8 @@ def run(cfg: dict, checkpoint) -> dict:
     del model, loss
     C.fresh()
     return dict(peak=led.peak_bytes("activation"), recompute=led.flops("recompute"),
-                block_forward=block_forward_flops(led), after_forward=after_forward, kept=kept)
+                block_forward=block_forward_flops(led), after_forward=after_forward, kept=kept,
+                replay=block_replay(led))
 
 
 def core_share(cfg: dict, seq_len: int) -> dict:
@@ -355,22 +378,34 @@ def _main(quick: bool, out: str) -> dict:
     for p, pol in POLICIES:
         runs.append(dict(run(cfg, pol), label=p))
     outside = plain["after_forward"] - L * plain["per_block"]
+    decisions = {r["label"]: r["decisions"] for r in rows}
     table = []
     for r in runs:
         r["kept_per_block"] = (r["after_forward"] - outside) / L
         p = r["label"]
+        # ops the policy recomputes that the replay did not run: it stopped before them (early stop)
+        r["stopped_before"] = [label for label, f, ran in r.get("replay", ()) if f and not ran
+                               and not decisions[label][p].save]
+        r["tail"] = sum(f for label, f, _ in r.get("replay", ()) if label in r["stopped_before"])
+        if p in replayed:
+            replayed[p] -= r["tail"]
         table.append((p, C.format_bytes(r["peak"]), f"{r['peak'] / plain['peak']:.1%}",
                       f"{100 * r['recompute'] / r['block_forward']:.1f}%", f"{100 * replayed.get(p, 0) / total_f:.1f}%",
                       f"{r['kept_per_block']:,.0f}", f"{r['kept_per_block'] / plain['per_block']:.1%}"))
     print(C.table(table, ["policy", "activation peak", "of none", "recompute", "(part 1 sum)", "kept per block",
                           "of plain"]))
     print("recompute: led.flops('recompute') as % of the blocks' forward; part 1 sum: the FLOPs of the ops the "
-          "policy\nrecomputes, from the table above. kept per block: activation bytes live after the forward, "
-          "minus the\nembeddings' and head's, per block.")
+          "policy\nrecomputes, from the table above, less those the replay stops before. kept per block: "
+          "activation bytes live\nafter the forward, minus the embeddings' and head's, per block.")
+    print("The replay stops early (as PyTorch's does): once backward has every array it needs, it ends. The ops at "
+          "the end\nof a block that save only their inputs and whose outputs nothing later reads are served, not "
+          "run. It stopped before:")
+    for r in runs[1:]:
+        print(f"  {r['label']:<22} {', '.join(r['stopped_before']) or '(nothing)'}: {r['tail']:,} FLOPs of block h.0")
     by = {r["label"]: r for r in runs}
     B, T, d = cfg["batch"], cfg["seq_len"], cfg["d_model"]
-    print(f"save_nothing is every-layer checkpointing: it keeps one input per block (B·T·d·4 = {B * T * d * 4:,} B) "
-          "and replays a whole forward.")
+    print(f"save_nothing is every-layer checkpointing: it keeps one input per block (B·T·d·4 = {B * T * d * 4:,} B)\n"
+          "and replays the forward up to the block's tail.")
     for p in ("save_matmuls", "korthikanti_selective"):
         r = by[p]
         print(f"{p} keeps in block h.0:")
@@ -422,7 +457,7 @@ def _main(quick: bool, out: str) -> dict:
                decisions={r["label"]: {p: (d.save, d.reason) for p, d in r["decisions"].items()} for r in rows},
                block_bytes=total_b, block_flops=total_f, quadrant=[r["label"] for r in cheap], replayed=replayed,
                quadrant_bytes_share=cheap_b / total_b, quadrant_flops_share=cheap_f / total_f,
-               runs=runs, t_sweep=sweep)
+               runs=runs, t_sweep=sweep, stopped_before={r["label"]: r["stopped_before"] for r in runs[1:]})
     ops_figure(rows, ops_path, cfg)
     policies_figure(res, policies_path)
     elapsed = time.perf_counter() - t0

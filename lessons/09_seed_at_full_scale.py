@@ -46,7 +46,7 @@ from matplotlib.patches import Patch
 from tinygrad_ckpt import estimate as est
 from tinygrad_ckpt import planner, plots
 from tinygrad_ckpt.ledger import CATEGORIES
-from tinygrad_ckpt.measure import SteadyStep
+from tinygrad_ckpt.measure import SteadyStep, layer_costs
 
 SLUG = "09_seed_at_full_scale"
 GB, GiB = 10**9, 2**30
@@ -119,17 +119,6 @@ class MetaTrainer:
         led, seconds = self.step.measure(checkpoint)
         text = checkpoint.describe() if isinstance(checkpoint, planner.Plan) else str(checkpoint)
         return Run(text, led, seconds, keep_ledger)
-
-
-def layer_costs(led, shape: est.GPTShape) -> list[planner.LayerCost]:
-    """The planner's per-layer costs, measured from a plain step: f_k (forward FLOPs of block k's ops),
-    a_k (bytes block k saves for backward), b_k (its input, B·T·d values)."""
-    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
-    b = shape.batch * shape.seq_len * shape.d_model * shape.value_bytes
-    costs = []
-    for k in range(shape.n_layer):
-        costs.append(planner.LayerCost(flops[f"transformer.h.{k}"], saved[f"transformer.h.{k}"], b))
-    return costs
 
 
 def compact(plan: planner.Plan) -> str:
@@ -449,11 +438,15 @@ def main(quick: bool = False, out: str = "figures") -> dict:
             if setup.key == SETUPS[0].key and name == "none":
                 runs[name] = plain_seed
             else:
-                runs[name] = trainer.measure(name, keep_ledger=name == "none" or (setup.key, name) in keep)
+                runs[name] = trainer.measure(name, keep_ledger=name in ("none", "every_layer")
+                                             or (setup.key, name) in keep)
         if setup.batch not in costs_by_batch:  # per-layer costs depend on the shape, not on the optimizer
-            costs_by_batch[setup.batch] = layer_costs(runs["none"].led, sh)
-        if (setup.key, "none") not in keep:
-            runs["none"].led = None
+            costs_by_batch[setup.batch] = layer_costs(runs["none"].led, runs["every_layer"].led,
+                                                      [f"transformer.h.{k}" for k in range(sh.n_layer)],
+                                                      sh.batch * sh.seq_len * sh.d_model * sh.value_bytes)
+        for name in ("none", "every_layer"):
+            if (setup.key, name) not in keep:
+                runs[name].led = None
         costs = costs_by_batch[setup.batch]
         n = sh.n_layer
         cache = {planner.no_checkpoint_plan(n).describe(): runs["none"],
@@ -471,7 +464,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     costs = costs_by_batch[B]
     c0 = costs[0]
     print(f"planner costs, measured from the plain step (block h.0): f = {c0.forward_flops:.4e} FLOPs, "
-          f"a = {c0.saved_bytes:,} B saved, b = B·T·d·2 = {c0.input_bytes:,} B input.")
+          f"a = {c0.saved_bytes:,} B saved, b = B·T·d·2 = {c0.input_bytes:,} B input;\nfrom the every-layer step: "
+          f"t = {c0.tail_flops:.4e} FLOPs ({c0.tail_flops / c0.forward_flops:.0%} of f), the tail a replay stops "
+          "before (the block's last linear and residual add).")
     print("plan_chain budgets activations only; the lesson bisects its budget, measures each plan's TOTAL peak on "
           "meta,\nand keeps the least-recompute plan that fits (one level of checkpoints, max_depth=1).")
     el_formula = L * c0.input_bytes + c0.saved_bytes
@@ -609,6 +604,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         activation_peaks=per_run(lambda r: r.category_peaks["activation"]),
         at_peak=per_run(lambda r: dict(r.at_peak)),
         recompute_ratio=per_run(lambda r: r.recompute_ratio),
+        tail_share=sum(c.tail_flops for c in costs) / sum(c.forward_flops for c in costs),
         plan_text=per_run(lambda r: r.plan_text),
         least_memory_peaks={k: r.total_peak for k, r in least.items()},
         planner_trails={k: {c: [(b, r.total_peak) for b, r in t] for c, t in tr.items()} for k, tr in trails.items()},

@@ -19,7 +19,8 @@ What you will see, measured by the ledger on a stack of nn.Blocks (forward + bac
 3. bytes against T for explicit, chunked, explicit with every block checkpointed, and both together:
    the fitted T² coefficient of each, and the activation peaks;
 4. the FLOPs each one spends: chunked recomputes the scores (and skips the causal blocks wholly in the
-   future, so its forward is cheaper); the checkpoint recomputes the whole block.
+   future, so its forward is cheaper); the checkpoint recomputes the whole block up to its tail (the last
+   linear and residual add, which backward does not need to run again).
 
 The sweep runs on the meta backend (shapes and bytes, no arithmetic), which the ledger counts exactly as
 NumPy (tests/test_chunked_attention.py checks this); the gradient check runs on NumPy.
@@ -128,8 +129,8 @@ def figure(cfg, sweep, path) -> None:
                    "float32", fontsize=10)
     ax_b.legend(fontsize=8)
     ax_f.set_ylabel("FLOPs of forward + backward (+ recompute), × explicit")
-    ax_f.set_title("FLOPs relative to explicit attention (chunked recomputes q kᵀ\n"
-                   "but skips the causal future; a checkpoint recomputes the whole forward)", fontsize=10)
+    ax_f.set_title("FLOPs relative to explicit attention\n(chunked recomputes q kᵀ but skips the causal future;\n"
+                   "a checkpoint replays each block but its last linear and add)", fontsize=10)
     ax_f.axhline(1.0, color="gray", lw=0.8)
     plots.save(fig, path)
 
@@ -204,7 +205,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"chunked's backward does {extra_backward / 1e6:+,.1f} MFLOP against explicit's (the scores q kᵀ again, "
           "inside the op, so the ledger counts\nit as backward, less the blocks it skips); its forward "
           f"{(fc['forward'] - fe['forward']) / 1e6:+,.1f} MFLOP (blocks wholly in the causal future are skipped).\n"
-          f"The checkpoint segment recomputes {ck['recompute'] / 1e6:,.1f} MFLOP: the whole forward of every block.")
+          f"The checkpoint segment recomputes {ck['recompute'] / 1e6:,.1f} MFLOP: "
+          f"{ck['recompute'] / fe['forward']:.0%} of the forward, every block up to its last linear and residual "
+          "add\n(the replay stops once backward has all it needs).")
 
     path = C.fig_path(out, f"{SLUG}.png")
     figure(cfg, sweep, path)

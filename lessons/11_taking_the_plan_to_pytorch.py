@@ -40,15 +40,9 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import planner, plots
+from tinygrad_ckpt.measure import layer_costs
 
 SLUG = "11_taking_the_plan_to_pytorch"
-
-
-def layer_costs(led, n_layer: int, input_bytes: int) -> list[planner.LayerCost]:
-    """The planner's costs from a plain step: forward FLOPs and saved bytes of each block, and its input."""
-    saved, flops = led.saved_breakdown(by="layer"), led.flops_by_layer("forward")
-    return [planner.LayerCost(flops[f"transformer.h.{k}"], saved[f"transformer.h.{k}"], input_bytes)
-            for k in range(n_layer)]
 
 
 def engine_step(model, idx):
@@ -90,7 +84,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
 
     C.heading("1. The planner's plan for a budget, from this engine's measured costs")
     led = engine_step(model, idx)
-    costs = layer_costs(led, L, B * T * D * 4)
+    model.checkpoint = "every_layer"  # for the tails: what each block's replay stops before
+    costs = layer_costs(led, engine_step(model, idx), [f"transformer.h.{k}" for k in range(L)], B * T * D * 4)
+    model.checkpoint = None
     plain = sum(c.saved_bytes for c in costs)
     budget = int(0.45 * plain)
     plan = planner.plan_chain(costs, budget, max_depth=1)

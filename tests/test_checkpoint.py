@@ -92,11 +92,23 @@ def test_forward_keeps_only_inputs_and_one_entry():
     assert entry.released and tape.saved_bytes() == 0
 
 
-def test_replay_is_recorded_as_recompute_with_one_extra_forward():
+def test_replay_is_recorded_as_recompute_with_one_extra_forward_less_the_tail():
+    """The replay runs each block again up to the last op backward needs the output of (PyTorch's early stop):
+    each block's last linear (mlp.c_proj, which saves only its input) and its residual add are served, not run."""
     _, _, plain = gpt_grads(None, dropout=0.0, ledger=True)
     _, _, led = gpt_grads("every_layer", dropout=0.0, ledger=True)
     block_forward = sum(f for layer, f in plain.flops_by_layer().items() if layer.startswith("transformer.h."))
-    assert led.flops("recompute") == block_forward
+    last = {}  # per block: the FLOPs of its last linear and of its last add
+    for op in plain.ops:
+        if op["phase"] == "forward" and op["name"].startswith("transformer.h."):
+            block = ".".join(op["name"].split(".")[:3])
+            if op["name"].endswith("mlp.c_proj.linear") or op["name"] == block + ".add":
+                last.setdefault(block, {})[op["op"]] = op["flops"]
+    tail = sum(f for ops in last.values() for f in ops.values())
+    blocks = {".".join(op["name"].split(".")[:3]) for op in plain.ops if op["name"].startswith("transformer.h.")}
+    assert len(last) == len(blocks) > 1
+    assert tail > 0.2 * block_forward  # the last linear is a quarter of a block's matmuls
+    assert led.flops("recompute") == block_forward - tail
     assert led.flops("forward") == plain.flops("forward")
     assert any(e.action == "recomputed" and e.phase == "recompute" for e in led.events)
     assert led.peak_bytes("activation") < plain.peak_bytes("activation")
@@ -138,6 +150,36 @@ def test_tensors_captured_from_outside_get_gradients():
     assert np.array_equal(*grads)
 
 
+def test_the_replay_stops_before_a_last_op_that_saves_only_its_inputs():
+    """PyTorch's early stop: an op at the end whose output no replayed op reads and that saves only its inputs
+    is served from the forward's record, so a Python scalar drawn anew there is the forward's (PyTorch's
+    MulBackward keeps the forward's scalar too) and the value check has nothing to compare; an op that saves
+    its output (exp) runs, and a scale before it that drifts is caught."""
+    calls = {"n": 0}
+
+    def scale_last(t):
+        calls["n"] += 1
+        return t.tanh() * float(calls["n"])
+
+    def leaf(n):
+        return tg.Tensor(np.linspace(-1, 1, n), requires_grad=True)
+
+    x = leaf(3)
+    with tg.Ledger() as led:
+        tg.checkpoint(scale_last, x).sum().backward()
+    assert calls["n"] == 2  # the replay ran the function, and stopped before the scale
+    np.testing.assert_array_equal(x.grad, 1 - np.tanh(x.data) ** 2)  # d/dx tanh(x)·1, the forward's factor
+    replayed = [op["op"] for op in led.ops if op["phase"] == "recompute" and op["flops"]]
+    assert replayed == ["tanh"]
+
+    def exp_last(t):
+        calls["n"] += 1
+        return (t * float(calls["n"])).exp()
+
+    with pytest.raises(tg.CheckpointError, match="diverged at op 'scale'"):
+        tg.checkpoint(exp_last, leaf(3)).sum().backward()
+
+
 def test_nested_checkpoints_bitwise_and_recompute_twice():
     tg.manual_seed(0)
     blocks = [nn.Block(16, 2, dropout=0.1) for _ in range(4)]
@@ -165,7 +207,11 @@ def test_nested_checkpoints_bitwise_and_recompute_twice():
     nested, led = run(True)
     assert all(np.array_equal(a, b) for a, b in zip(plain, nested))
     blocks_forward = sum(op["flops"] for op in led.ops if op["phase"] == "forward" and op["name"] != "sum")
-    assert led.flops("recompute") == 2 * blocks_forward  # the outer replay, then each inner replay
+    # the outer replay runs both inner checkpoints whole; each inner replay stops before the residual add that
+    # ends its second block (dropout keeps a mask, so the linear before it runs)
+    adds = [op["flops"] for op in led.ops if op["phase"] == "forward" and op["op"] == "add"]
+    assert len(adds) == 8 and adds[3] > 0
+    assert led.flops("recompute") == 2 * blocks_forward - adds[3] - adds[7]
 
 
 def test_no_grad_is_a_plain_call():

@@ -68,9 +68,13 @@ def test_lesson5_checkpointing_lowers_the_peak(lesson5):
     assert ckpt_saved < plain_saved
 
 
-def test_lesson5_recompute_is_one_forward_of_the_blocks(lesson5):
-    # full checkpointing replays every block once: recompute FLOPs = the blocks' forward FLOPs (1%)
-    assert lesson5["recompute_ratio"] == pytest.approx(1.0, rel=0.01)
+def test_lesson5_recompute_is_one_forward_of_the_blocks_up_to_the_last_add(lesson5):
+    # full checkpointing replays every block once, up to its residual add (the dropout before it keeps a mask,
+    # so the linear before that runs): recompute FLOPs = the blocks' forward FLOPs less L·B·T·d
+    assert lesson5["stopped_before"] == ["add"]
+    c = lesson5["config"]
+    assert lesson5["recompute_ratio"] == 1 - c["n_layer"] * c["batch"] * c["seq_len"] * c["d_model"] / lesson5[
+        "block_forward_flops"]
     assert lesson5["recomputed_events"] > 0 and lesson5["recompute_ops"] > 0
 
 
@@ -102,9 +106,13 @@ def test_lesson6_model_predicts_every_measured_plan(lesson6):
     assert lesson6["chain_prediction_error"] <= 0.01
 
 
-def test_lesson6_uniform_k_costs_one_forward_and_checkpointing_helps(lesson6):
+def test_lesson6_uniform_k_costs_one_forward_less_a_tail_per_segment_and_checkpointing_helps(lesson6):
+    """k segments replay every block once but stop before the tail t of each segment's last block."""
+    n, f, t = lesson6["n_layer"], lesson6["f"], lesson6["t"]
+    assert 0 < t < f / 2
     for r in lesson6["gpt_sweep"]:
-        assert r["recompute"] / r["block_forward"] == pytest.approx(1.0, rel=0.01)
+        assert r["block_forward"] == n * f
+        assert r["recompute"] == n * f - r["k"] * t
         if r["k"] > 1:
             assert r["peak"] < lesson6["plain_peak"]
 
@@ -152,7 +160,13 @@ def test_lesson7_selective_recompute_is_far_below_one_forward(lesson7):
     runs = {r["label"]: r for r in lesson7["runs"]}
     for policy in ("save_matmuls", "korthikanti_selective"):
         assert runs[policy]["recompute"] < 0.25 * runs[policy]["block_forward"], policy
-    assert runs["save_nothing"]["recompute"] == pytest.approx(runs["save_nothing"]["block_forward"], rel=0.01)
+    # save_nothing replays each block up to its tail: the last linear and the residual add are served
+    assert lesson7["stopped_before"]["save_nothing"] == ["mlp.c_proj.linear", "add (mlp residual)"]
+    assert lesson7["stopped_before"]["save_matmuls"] == ["add (mlp residual)"]  # its linears are kept anyway
+    tail = sum(op["flops"] for op in lesson7["ops"] if op["label"] in lesson7["stopped_before"]["save_nothing"])
+    n = lesson7["config"]["n_layer"]
+    assert runs["save_nothing"]["recompute"] == runs["save_nothing"]["block_forward"] - n * tail
+    assert 0.2 < n * tail / runs["save_nothing"]["block_forward"] < 0.3
 
 
 def test_lesson7_measured_recompute_matches_the_recomputed_ops(lesson7):
@@ -243,5 +257,10 @@ def test_lesson10_flops(lesson10):
     T = lesson10["config"]["inventory_T"]
     f = lesson10["flops"][T]
     assert f["chunked"]["recompute"] == 0 and f["explicit"]["recompute"] == 0
-    assert f["explicit + checkpoint"]["recompute"] == f["explicit"]["forward"]  # one whole forward again
+    # every block's forward again, less its tail, which the replay stops before: the last linear (x·W of
+    # [B·T, 4d]·[4d, d], plus the bias) and the residual add
+    c = lesson10["config"]
+    L, B, d = c["n_layer"], c["batch"], c["d_model"]
+    tail = 2 * B * T * 4 * d * d + B * T * d + B * T * d
+    assert f["explicit + checkpoint"]["recompute"] == f["explicit"]["forward"] - L * tail
     assert f["chunked"]["backward"] - f["explicit"]["backward"] < f["explicit + checkpoint"]["recompute"]

@@ -19,6 +19,11 @@ a `CheckpointError` (PyTorch compares metadata only).
 A `policy` makes the segment selective: for each op it decides "save" (keep what the op saves,
 and its outputs, as if not checkpointed) or "recompute", and says why. Saved ops are served from
 that stash during the replay instead of running again.
+
+The replay stops early, as PyTorch's does: the forward notes which op read which op's outputs, and an
+op at the end that saved only its own inputs (a linear: x and W; an add: nothing) and whose outputs
+no op that runs reads is served too, its saves being its replayed inputs (`Segment._stop_early`).
+A GPT block's last linear and residual add are not run again.
 """
 
 from __future__ import annotations
@@ -228,9 +233,35 @@ class Observation:
 
 
 @dataclass
+class Flow:
+    """One op of a segment's forward, for stopping the replay early: the ops whose outputs it read, and, if
+    it saved only its own inputs (a linear, an add), how to serve it without running it (a Kept)."""
+
+    reads: tuple  # op indices whose outputs it read
+    saved_reads: tuple  # op indices whose outputs it saved
+    tail: Kept | None  # how to serve it in a replay that does not need its outputs
+
+
+@dataclass(frozen=True)
+class Placeholder:
+    """An output nothing in the replay reads, by shape and dtype: served as a zero-byte stand-in."""
+
+    shape: tuple
+    dtype: object
+
+    @classmethod
+    def of(cls, a) -> Placeholder:
+        return cls(tuple(a.shape), a.dtype)
+
+    def make(self):
+        xp = backend.xp()
+        return xp.broadcast_to(xp.zeros((), dtype=self.dtype), self.shape)
+
+
+@dataclass
 class Kept:
-    """What a policy kept of one op: per output a key into the kept arrays (or a zero-byte placeholder
-    for an output no recomputed op reads), per save a key or ("input", j) for the op's j-th input
+    """What a policy kept of one op: per output a key into the kept arrays (or a Placeholder for an
+    output no recomputed op reads), per save a key or ("input", j) for the op's j-th input
     (like JAX, a residual that is the producer's output is kept once, by the producer), and the plain
     attributes its forward set."""
 
@@ -239,9 +270,10 @@ class Kept:
     was_tuple: bool
     attrs: dict
     decision: Decision
+    tail: bool = False  # not kept by a policy: an op past the last one backward needs the output of
 
     def serve(self, kept: dict, arrays):
-        outs = tuple(kept[k] if isinstance(k, str) else k for k in self.outputs)
+        outs = tuple(kept[k] if isinstance(k, str) else k.make() for k in self.outputs)
         saves = {name: arrays[k[1]] if isinstance(k, tuple) else kept[k] for name, k in self.saves.items()}
         return (outs if self.was_tuple else outs[0]), saves
 
@@ -266,6 +298,9 @@ class Segment:
         self.count = 0  # ops run so far: their index
         self.nested = 0  # >0 while an inner checkpoint runs as a plain call inside this forward
         self.fingerprints = _Fingerprints()  # the value check's checksums, one read per buffer
+        self.flow: dict[int, Flow] = {}  # op index -> what it read (forward only)
+        self.producers: dict[int, tuple] = {}  # id(output array) -> (weak reference, op index)
+        self.pinned: set[int] = set()  # ops whose outputs an inner checkpoint read
 
     def __repr__(self) -> str:
         role = "replay" if self.records else "forward"
@@ -281,6 +316,7 @@ class Segment:
             if isinstance(x, Tensor) and x.requires_grad and x._uid < self.start and id(x) not in self.explicit:
                 self.implicit.setdefault(id(x), x)
         if self.nested:  # inside an inner checkpoint's forward: counted as one op (run_nested)
+            self.pinned.update(self._producers_of(arrays))
             out = fn.forward(ctx, *arrays, **params)
             ctx.saved = {}
             return out
@@ -321,6 +357,7 @@ class Segment:
         rng = backend.get_rng_state()
         out = fn.forward(ctx, *arrays, **params)
         self._observe(index, fn, name, ctx, out, rng, inputs)
+        self._note_flow(index, ctx, arrays, out)
         if ctx.saving:
             decision = self.policy.decide(fn.kind(), name) if self.policy is not None else None
             if decision is not None and decision.save:
@@ -330,13 +367,55 @@ class Segment:
             ctx.saved = {}
         return out
 
+    def _producers_of(self, arrays) -> list[int]:
+        found = (self.producers.get(id(a)) for a in arrays)
+        return [hit[1] for hit, a in zip(found, arrays) if hit is not None and hit[0]() is a]
+
+    def _note_flow(self, index, ctx, arrays, out) -> None:
+        """What op `index` read, and how to serve it if the replay will not need its outputs: possible when it
+        saved only its own inputs and set only plain attributes (a linear: x and W; an add: nothing)."""
+        outs = out if isinstance(out, tuple) else (out,)
+        positions = {key: _position(a, arrays) for key, a in ctx.saved.items()}
+        attrs = _attributes(ctx)
+        be = backend.current()
+        tail = None
+        if (None not in positions.values() and not any(be.is_array(v) for v in attrs.values())
+                and all(be.is_array(o) for o in outs)):
+            tail = Kept([Placeholder.of(o) for o in outs], {k: ("input", j) for k, j in positions.items()},
+                        isinstance(out, tuple), attrs, Decision(False, "not needed: the replay stops before it"),
+                        tail=True)
+        self.flow[index] = Flow(tuple(self._producers_of(arrays)),
+                                tuple(self._producers_of([arrays[j] for j in positions.values() if j is not None])),
+                                tail)
+        for o in outs:
+            try:
+                self.producers[id(o)] = (weakref.ref(o), index)
+            except TypeError:  # no weak references: its readers are not known, so the replay runs everything
+                self.pinned.add(index)
+
+    def _stop_early(self) -> None:
+        """Serve, in the replay, the ops at the end whose outputs no op that runs reads (PyTorch's early stop:
+        the replay ends once every array backward needs is back): walking back from the last op, an op runs
+        if a running op reads its output; one that saved only its inputs and whose output nothing running
+        reads is served (its saves are its replayed inputs, its outputs placeholders)."""
+        needed = set(self.pinned)
+        for index in sorted(self.flow, reverse=True):
+            flow = self.flow[index]
+            if index in needed or flow.tail is None or index in self.stash:
+                needed.update(flow.reads)
+            else:
+                self.stash[index] = flow.tail
+                needed.update(flow.saved_reads)
+        self.flow.clear()
+        self.producers.clear()
+
     def _keep(self, index, name, ctx, arrays, out, decision) -> None:
         """Keep what a "save" op saved and its outputs; report them to the observer as saved."""
         outs = out if isinstance(out, tuple) else (out,)
         new: dict[str, object] = {}
         saves = {}
         for key, a in ctx.saved.items():
-            position = next((j for j, x in enumerate(arrays) if x is a), None)
+            position = _position(a, arrays)
             if position is None:
                 saves[key] = f"kept{index}.{key}"
                 new[saves[key]] = a
@@ -347,8 +426,7 @@ class Segment:
         for i, o in enumerate(outs):
             outputs.append(f"kept{index}.out{i}")
             new[outputs[-1]] = o
-        attrs = {k: v for k, v in vars(ctx).items() if k not in ("saved", "saving", "needs_input_grad")}
-        self.stash[index] = Kept(outputs, saves, isinstance(out, tuple), attrs, decision)
+        self.stash[index] = Kept(outputs, saves, isinstance(out, tuple), _attributes(ctx), decision)
         self.kept.update(new)
         report = f"{name}[kept: {decision.reason}]"
         self.reports.update(dict.fromkeys(new, report))
@@ -368,7 +446,7 @@ class Segment:
             out, saves = kept.serve(self.kept, arrays)
             vars(ctx).update(kept.attrs)  # the plain attributes its forward set (shapes, flags)
             ctx.saved = saves if ctx.saving else {}
-            ctx.served = True  # the ledger calls these saves "restored"
+            ctx.served = not kept.tail  # the ledger calls a policy's saves "restored" (a tail op's are its inputs)
             ctx.flops = (0, kept.attrs["flops"][1])
         else:
             if seen is not None and seen.rng is not None:
@@ -391,10 +469,11 @@ class Segment:
                 a = self.kept[key]
                 if id(a) not in self.consumed and all(a is not self.kept.get(k) for k in kept.saves.values()
                                                        if isinstance(k, str)):
-                    kept.outputs[i] = _placeholder(a)
+                    kept.outputs[i] = Placeholder.of(a)
                     del self.kept[key]
                     if observer is not None:
                         observer.on_release(self.reports.pop(key), {key: a})
+        self._stop_early()
         implicit = list(self.implicit.values())
         self.implicit.clear()  # the entry's edges reach them now; this segment must not hold their data
         return implicit
@@ -447,10 +526,14 @@ def _compare(a: Observation, b: Observation, what: str, before: tuple, after: tu
 _TIP = " Pass determinism_check='none' to skip this check (the op sequence is still checked)."
 
 
-def _placeholder(a):
-    """A zero-byte stand-in with the shape and dtype of a dropped stashed output (never read)."""
-    xp = backend.xp()
-    return xp.broadcast_to(xp.zeros((), dtype=a.dtype), a.shape)
+def _position(a, arrays) -> int | None:
+    """Which of an op's input arrays `a` is (by identity), or None."""
+    return next((j for j, x in enumerate(arrays) if x is a), None)
+
+
+def _attributes(ctx) -> dict:
+    """The plain attributes an op's forward set on its context (shapes, flags, FLOPs): restored when it is served."""
+    return {k: v for k, v in vars(ctx).items() if k not in ("saved", "saving", "needs_input_grad")}
 
 
 # ---- the checkpoint op ----------------------------------------------------------------------------

@@ -188,7 +188,9 @@ def report(m: Measurement, capacity: int | None) -> str:
         "FLOPs                               measured (every op)     formula (matmuls only)",
         _row("forward", f"{led.flops('forward'):.4e}", f"{fwd:.4e}"),
         _row("backward", f"{led.flops('backward'):.4e}", f"{2 * fwd:.4e}"),
-        _row("recompute", f"{led.flops('recompute'):.4e}", f"{est.gpt_training_flops(s, recompute) - 3 * fwd:.4e}"),
+        _row("recompute", f"{led.flops('recompute'):.4e}", f"{est.gpt_training_flops(s, recompute) - 3 * fwd:.4e}",
+             "formula: a whole forward [C16]; a replay stops before its last linear and add" if recompute == "full"
+             else ""),
         _row("total", f"{led.flops():.4e}", f"{est.gpt_training_flops(s, recompute):.4e}"),
     ]
     drift = sorted({e.dtype for e in led.events if e.action == "saved" and e.dtype.startswith("float")

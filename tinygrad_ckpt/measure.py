@@ -21,6 +21,7 @@ from . import backend, nn, optim
 from .checkpoint import korthikanti_selective
 from .estimate import GPTShape
 from .ledger import Ledger
+from .planner import LayerCost
 
 
 @contextlib.contextmanager
@@ -163,3 +164,12 @@ def saved_after_forward(led: Ledger, prefix: str = "") -> dict:
             last[e.buffer] = e
     return {k: e for k, e in last.items()
             if e.category == "activation" and e.action not in ("released", "freed") and e.name.startswith(prefix)}
+
+
+def layer_costs(plain: Ledger, every_layer: Ledger, layers: list[str], input_bytes: int) -> list[LayerCost]:
+    """The planner's costs of each layer (a name `layer_of` gives, "transformer.h.0"), measured: f_k and a_k
+    from a plain step (the forward FLOPs and saved bytes of the layer's ops), b_k = input_bytes, and t_k from
+    a step with every layer checkpointed: f_k less the FLOPs the layer's replay ran (the tail it stopped before)."""
+    saved, flops = plain.saved_breakdown(by="layer"), plain.flops_by_layer("forward")
+    replayed = every_layer.flops_by_layer("recompute")
+    return [LayerCost(flops[k], saved[k], input_bytes, flops[k] - replayed[k]) for k in layers]
