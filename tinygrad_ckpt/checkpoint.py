@@ -234,12 +234,30 @@ class Observation:
 
 @dataclass
 class Flow:
-    """One op of a segment's forward, for stopping the replay early: the ops whose outputs it read, and, if
-    it saved only its own inputs (a linear, an add), how to serve it without running it (a Kept)."""
+    """One op of a segment's forward, as the early stop needs it (`Segment._stop_early`): which ops made its
+    inputs, which inputs it saved, its context (plain attributes by then) and its outputs' shapes and dtypes."""
 
-    reads: tuple  # op indices whose outputs it read
-    saved_reads: tuple  # op indices whose outputs it saved
-    tail: Kept | None  # how to serve it in a replay that does not need its outputs
+    made_by: list  # per input array: the index of the op of this segment that returned it, or None
+    saved: dict  # save name -> the position of the input it is, or None (it saved an array it made)
+    ctx: object
+    outputs: tuple  # per output (shape, dtype), or None for an output that is not an array
+    was_tuple: bool
+
+    def reads(self, positions=None):
+        """The ops whose outputs it read (at `positions` only, if given)."""
+        made_by = self.made_by if positions is None else (self.made_by[j] for j in positions)
+        return (p for p in made_by if p is not None)
+
+    def serving(self) -> Kept | None:
+        """How to serve it without running it, possible when it saved only its own inputs and set only plain
+        attributes (a linear: x and W; an add: nothing): its saves are its replayed inputs, its outputs
+        placeholders. None when not possible."""
+        attrs = _attributes(self.ctx)
+        be = backend.current()
+        if None in self.saved.values() or None in self.outputs or any(be.is_array(v) for v in attrs.values()):
+            return None
+        return Kept([Placeholder(*o) for o in self.outputs], {k: ("input", j) for k, j in self.saved.items()},
+                    self.was_tuple, attrs, Decision(False, "not needed: the replay stops before it"), tail=True)
 
 
 @dataclass(frozen=True)
@@ -316,7 +334,7 @@ class Segment:
             if isinstance(x, Tensor) and x.requires_grad and x._uid < self.start and id(x) not in self.explicit:
                 self.implicit.setdefault(id(x), x)
         if self.nested:  # inside an inner checkpoint's forward: counted as one op (run_nested)
-            self.pinned.update(self._producers_of(arrays))
+            self.pinned.update(p for p in self._producers_of(arrays) if p is not None)
             out = fn.forward(ctx, *arrays, **params)
             ctx.saved = {}
             return out
@@ -367,26 +385,18 @@ class Segment:
             ctx.saved = {}
         return out
 
-    def _producers_of(self, arrays) -> list[int]:
-        found = (self.producers.get(id(a)) for a in arrays)
-        return [hit[1] for hit, a in zip(found, arrays) if hit is not None and hit[0]() is a]
+    def _producers_of(self, arrays) -> list:
+        """Per array, the index of the op of this segment that returned it, or None (made before it)."""
+        hits = [self.producers.get(id(a)) for a in arrays]
+        return [hit[1] if hit is not None and hit[0]() is a else None for hit, a in zip(hits, arrays)]
 
     def _note_flow(self, index, ctx, arrays, out) -> None:
-        """What op `index` read, and how to serve it if the replay will not need its outputs: possible when it
-        saved only its own inputs and set only plain attributes (a linear: x and W; an add: nothing)."""
+        """What op `index` read and saved, for the early stop; its outputs are remembered weakly."""
         outs = out if isinstance(out, tuple) else (out,)
-        positions = {key: _position(a, arrays) for key, a in ctx.saved.items()}
-        attrs = _attributes(ctx)
         be = backend.current()
-        tail = None
-        if (None not in positions.values() and not any(be.is_array(v) for v in attrs.values())
-                and all(be.is_array(o) for o in outs)):
-            tail = Kept([Placeholder.of(o) for o in outs], {k: ("input", j) for k, j in positions.items()},
-                        isinstance(out, tuple), attrs, Decision(False, "not needed: the replay stops before it"),
-                        tail=True)
-        self.flow[index] = Flow(tuple(self._producers_of(arrays)),
-                                tuple(self._producers_of([arrays[j] for j in positions.values() if j is not None])),
-                                tail)
+        self.flow[index] = Flow(self._producers_of(arrays), {key: _position(a, arrays) for key, a in ctx.saved.items()},
+                                ctx, tuple((o.shape, o.dtype) if be.is_array(o) else None for o in outs),
+                                isinstance(out, tuple))
         for o in outs:
             try:
                 self.producers[id(o)] = (weakref.ref(o), index)
@@ -401,11 +411,12 @@ class Segment:
         needed = set(self.pinned)
         for index in sorted(self.flow, reverse=True):
             flow = self.flow[index]
-            if index in needed or flow.tail is None or index in self.stash:
-                needed.update(flow.reads)
+            served = None if index in needed or index in self.stash else flow.serving()
+            if served is None:
+                needed.update(flow.reads())
             else:
-                self.stash[index] = flow.tail
-                needed.update(flow.saved_reads)
+                self.stash[index] = served
+                needed.update(flow.reads(p for p in flow.saved.values()))
         self.flow.clear()
         self.producers.clear()
 
