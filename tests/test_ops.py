@@ -139,6 +139,15 @@ REGISTRY = [
            torch=lambda t, a, idx: a[:, idx]),
     OpCase("getitem_array_2d", lambda a, idx: a[idx], [(3, 2)], {"idx": np.array([[0, 1], [1, 1]])},
            torch=lambda t, a, idx: a[idx]),
+    # split: one op, several views; a piece nobody reads gets a zero gradient
+    OpCase("split_uneven", lambda a: (lambda p: p[0] + p[1] * p[2])(a.split(2, dim=1)), [(3, 5)],
+           torch=lambda t, a: (lambda p: p[0] + p[1] * p[2])(a.split(2, dim=1))),
+    OpCase("split_sections_last_axis", lambda a: (lambda p: p[1] * p[0])(a.split([1, 3], dim=-1)), [(2, 3, 4)],
+           torch=lambda t, a: (lambda p: p[1] * p[0])(a.split([1, 3], dim=-1))),
+    OpCase("split_one_piece_read", lambda a: a.split(2)[1] * 1.5, [(6, 3)],
+           torch=lambda t, a: a.split(2)[1] * 1.5),
+    OpCase("split_qkv", lambda a: (lambda q, k, v: q * k + v)(*a.split(4, dim=2)), [(2, 3, 12)],
+           torch=lambda t, a: (lambda q, k, v: q * k + v)(*a.split(4, dim=2))),
     OpCase("embedding", lambda w, ids: F.embedding(ids, w), [(7, 5)], {"ids": _IDS},
            torch=lambda t, w, ids: t.nn.functional.embedding(ids, w)),
     # matrix products

@@ -252,7 +252,7 @@ class CausalSelfAttention(Module):
         B, T, C = x.shape
         H = self.n_heads
         qkv = self.c_attn(x)  # [B, T, 3C]
-        q, k, v = qkv[:, :, :C], qkv[:, :, C:2 * C], qkv[:, :, 2 * C:]  # views, [B, T, C] each
+        q, k, v = qkv.split(C, dim=2)  # views, [B, T, C] each
         q = q.reshape(B, T, H, C // H).transpose(1, 2)  # [B, H, T, hd]
         k = k.reshape(B, T, H, C // H).transpose(1, 2)
         v = v.reshape(B, T, H, C // H).transpose(1, 2)

@@ -317,6 +317,11 @@ class Tensor:
     def swapaxes(self, axis1: int, axis2: int):
         return ops.swapaxes(self, axis1, axis2)
 
+    def split(self, split_size_or_sections, dim: int = 0):
+        """PyTorch's split: views of `split_size_or_sections` along `dim` (an int: equal pieces, the last
+        shorter; a list: those sizes)."""
+        return ops.split(self, split_size_or_sections, dim)
+
     @property
     def T(self):
         return self.transpose()

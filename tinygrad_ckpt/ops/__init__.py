@@ -11,13 +11,13 @@ from ._util import constant, unbroadcast
 from .attention import ChunkedAttention
 from .elementwise import Add, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Scale, Sub, Tanh
 from .linalg import Linear, MatMul
-from .movement import Embedding, GetItem, Permute, Reshape, Swapaxes
+from .movement import Embedding, GetItem, Permute, Reshape, Split, Swapaxes
 from .nn import GELU, CrossEntropy, Dropout, LayerNorm, LogSoftmax, Softmax
 from .reduce import Max, Mean, Sum
 
 __all__ = [
     "Add", "Sub", "Mul", "Scale", "Div", "Neg", "Pow", "Exp", "Log", "Tanh", "MaskedFill", "MatMul", "Linear",
-    "Reshape", "Permute", "Swapaxes", "GetItem", "Embedding", "GELU", "Softmax", "LogSoftmax",
+    "Reshape", "Permute", "Swapaxes", "GetItem", "Split", "Embedding", "GELU", "Softmax", "LogSoftmax",
     "CrossEntropy", "LayerNorm", "Dropout", "ChunkedAttention", "Sum", "Mean", "Max", "unbroadcast",
 ]
 
@@ -119,6 +119,24 @@ def permute(x, axes):
 
 def swapaxes(x, axis1, axis2):
     return Swapaxes.apply(x, axis1=axis1, axis2=axis2)
+
+
+def split(x, split_size_or_sections, axis=0):
+    """PyTorch's split: pieces of `split_size_or_sections` along `axis` (the last one shorter if the length is not a
+    multiple), or of the listed sizes, as a tuple of views."""
+    length = x.shape[axis] if -x.ndim <= axis < x.ndim and x.ndim else None
+    if isinstance(split_size_or_sections, int) and not isinstance(split_size_or_sections, bool):
+        size = split_size_or_sections
+        if size < 0 or (size == 0 and length):
+            raise ValueError(f"split: split_size must be a positive int, got {size}")
+        sizes = [min(size, length - start) for start in range(0, length, size)] if length else [0]
+    elif isinstance(split_size_or_sections, (list, tuple)) and all(
+            isinstance(n, int) and not isinstance(n, bool) for n in split_size_or_sections):
+        sizes = list(split_size_or_sections)
+    else:
+        raise TypeError(f"split: split_size_or_sections must be an int or a list of ints, got "
+                        f"{split_size_or_sections!r}")
+    return Split.apply(x, sizes=tuple(sizes), axis=axis)
 
 
 def getitem(x, index):

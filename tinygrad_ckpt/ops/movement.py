@@ -1,4 +1,4 @@
-"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, embedding lookup.
+"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, split, embedding lookup.
 
 Most return views of their input, which the ledger counts once with the input's buffer. None of
 them saves an array, except indexing with an integer array (it keeps the indices).
@@ -100,6 +100,35 @@ class GetItem(Function):
             xp().add.at(grad, ctx.saved["index"], grad_out)
         else:
             grad[ctx.index] = grad_out
+        return grad
+
+
+class Split(Function):
+    """Consecutive pieces of x along `axis`, of the given `sizes` (views): attention's q, k and v out of one
+    qkv buffer. Saves nothing. dL/dx = the pieces' gradients side by side in one new buffer, each written
+    once (three indexings would each fill a zeroed copy of x, which the tape would then add up)."""
+
+    @staticmethod
+    def forward(ctx, x, sizes, axis):
+        if not x.shape:
+            raise ValueError("split: a 0-d tensor has no axis to split; reshape it to 1-d first")
+        if not -len(x.shape) <= axis < len(x.shape):
+            raise IndexError(f"split: axis {axis} is out of range for a tensor of shape {list(x.shape)}")
+        axis %= len(x.shape)
+        if sum(sizes) != x.shape[axis] or any(n < 0 for n in sizes):
+            raise ValueError(f"split: sizes {list(sizes)} must be non-negative and add up to {x.shape[axis]}, the "
+                             f"length of axis {axis} of a tensor of shape {list(x.shape)}")
+        ctx.in_shape, ctx.pieces, start = x.shape, [], 0
+        for n in sizes:
+            ctx.pieces.append((slice(None),) * axis + (slice(start, start + n),))
+            start += n
+        return tuple(x[piece] for piece in ctx.pieces)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        grad = xp().empty(ctx.in_shape, dtype=grads[0].dtype)
+        for piece, g in zip(ctx.pieces, grads):
+            grad[piece] = g
         return grad
 
 
