@@ -733,29 +733,6 @@ def bench_fixes(shape, args) -> list:
         current=_t(masked_fill_current), proposed=_t(lambda: gs * np.asarray(1 / math.sqrt(hd), F32)),
         how="after softmax the gradient is 0 where the mask is already (y = 0 there, so dy·y = 0)"))
 
-    # q, k, v slices: 3 x (zeros[B,T,3d] + copy) + 2 sums  ->  one [B,T,3d] buffer
-    qkv_shape = (B, T, 3 * d)
-    gq = [rng.standard_normal((B, H, T, hd)).astype(F32) for _ in range(3)]
-
-    def split_current():
-        total = None
-        for i, g in enumerate(gq):
-            flat = g.swapaxes(1, 2).reshape(B, T, d)  # Reshape backward of the head split: a copy
-            c = ctx()
-            c.in_shape, c.dtype, c.index = qkv_shape, F32, (slice(None), slice(None), slice(i * d, (i + 1) * d))
-            part = tgops.GetItem.backward(c, flat)
-            total = part if total is None else total + part
-
-    def split_fused():
-        out = np.empty(qkv_shape, F32)
-        for i, g in enumerate(gq):
-            out[:, :, i * d:(i + 1) * d].reshape(B, T, H, hd)[...] = g.swapaxes(1, 2)
-
-    fixes.append(dict(
-        name="q,k,v split: one Split op writing one gradient buffer (vs 3 GetItem + 2 sums)", per_layer=1,
-        current=_t(split_current), proposed=_t(split_fused),
-        how="a Split/Chunk op: backward = np.empty(3d) + three strided copies; no zeros, no tape sums"))
-
     # tape gradient sums: a + b (new array) vs in place into an owned gradient
     fixes.append(dict(
         name="tape: add a second gradient in place when the first is a fresh array", per_layer=2,
