@@ -278,17 +278,17 @@ class Placeholder:
 
 @dataclass
 class Kept:
-    """What a policy kept of one op: per output a key into the kept arrays (or a Placeholder for an
-    output no recomputed op reads), per save a key or ("input", j) for the op's j-th input
-    (like JAX, a residual that is the producer's output is kept once, by the producer), and the plain
-    attributes its forward set."""
+    """How the replay serves one op instead of running it (an op a policy kept, or one past the early stop:
+    `tail`): per output a key into the kept arrays (or a Placeholder for an output no recomputed op
+    reads), per save a key or ("input", j) for the op's j-th input (like JAX, a residual that is the
+    producer's output is kept once, by the producer), and the plain attributes its forward set."""
 
     outputs: list
     saves: dict
     was_tuple: bool
     attrs: dict
     decision: Decision
-    tail: bool = False  # not kept by a policy: an op past the last one backward needs the output of
+    tail: bool = False  # served by the early stop: its saves are its inputs, nothing was kept
 
     def serve(self, kept: dict, arrays):
         outs = tuple(kept[k] if isinstance(k, str) else k.make() for k in self.outputs)
@@ -316,7 +316,7 @@ class Segment:
         self.count = 0  # ops run so far: their index
         self.nested = 0  # >0 while an inner checkpoint runs as a plain call inside this forward
         self.fingerprints = _Fingerprints()  # the value check's checksums, one read per buffer
-        self.flow: dict[int, Flow] = {}  # op index -> what it read (forward only)
+        self.flow: dict[int, Flow] = {}  # op index -> what it read and saved (forward only, till it finishes)
         self.producers: dict[int, tuple] = {}  # id(output array) -> (weak reference, op index)
         self.pinned: set[int] = set()  # ops whose outputs an inner checkpoint read
 
