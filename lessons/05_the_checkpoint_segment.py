@@ -205,10 +205,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           f"ratio {recompute_ratio:.4f}")
     print(f"forward + backward (+ recompute): {train_plain:,} -> {train_ckpt:,} FLOPs "
           f"(×{train_ckpt / train_plain:.3f}; backward is about 2× forward, so one extra forward is about +33%)")
-    # the replay meets the blocks' ops in the forward's order; one it served instead of running shows 0 FLOPs
-    forward_ops = [op for op in lc.ops if op["phase"] == "forward" and op["name"].startswith("transformer.h.")
-                   and op["op"] != "checkpoint"]
-    stopped_before = sorted({f["name"].split(".", 3)[3] for f, r in zip(forward_ops, replay_ops)
+    stopped_before = sorted({f["name"].split(".", 3)[3] for f, r in C.replayed_ops(lc, "transformer.h.")
                              if f["flops"] and not r["flops"]})
     print(f"The {fwd_blocks - recompute:,} FLOPs not replayed are each block's {', '.join(stopped_before)}: the "
           "replay stops early, as PyTorch's does,\nonce backward has every array it needs (such an op saves at "

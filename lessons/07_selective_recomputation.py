@@ -78,16 +78,10 @@ def label_ops(names: list[str]) -> list[str]:
 
 
 def block_replay(led) -> list[tuple[str, int, int]]:
-    """(label, forward FLOPs, FLOPs its replay ran) of each op of block h.0, from a checkpointed run's ledger:
-    the replay meets the ops in the forward's order; an op it served (kept by the policy, or past the last op
-    backward needs: the early stop) ran with 0 FLOPs."""
-    def of(phase):
-        return [op for op in led.ops if op["phase"] == phase and op["name"].startswith("transformer.h.0.")
-                and op["op"] != "checkpoint"]
-    forward, replay = of("forward"), of("recompute")
-    assert [op["name"] for op in forward] == [op["name"] for op in replay], "the replay ran other ops"
-    return [(label, f["flops"], r["flops"])
-            for label, f, r in zip(label_ops([op["name"] for op in forward]), forward, replay)]
+    """(label, forward FLOPs, FLOPs its replay ran) of each op of block h.0, from a checkpointed run's ledger
+    (an op the replay served, kept by the policy or past the early stop, ran with 0 FLOPs)."""
+    pairs = C.replayed_ops(led, "transformer.h.0.")
+    return [(label, f["flops"], r["flops"]) for label, (f, r) in zip(label_ops([f["name"] for f, _ in pairs]), pairs)]
 
 
 def block_ops(cfg: dict) -> tuple[list[dict], dict]:

@@ -110,6 +110,23 @@ def table(rows, headers, aligns=None) -> str:
     return "\n".join(lines)
 
 
+def replayed_ops(led, prefix: str) -> list[tuple[dict, dict]]:
+    """(forward op, the same op in its replay) for every op whose name starts with `prefix`, from the ledger of a
+    run whose blocks are each replayed once (the checkpoint entries aside). Blocks replay in backward's order,
+    each one's ops in its forward's order, so the k-th op of a name pairs with the k-th replayed op of that
+    name. An op the replay served instead of running (kept by a policy, or past the early stop) shows 0 FLOPs."""
+    def of(phase):
+        return [op for op in led.ops if op["phase"] == phase and op["name"].startswith(prefix)
+                and op["op"] != "checkpoint"]
+
+    forward, replays = of("forward"), {}
+    for op in of("recompute"):
+        replays.setdefault(op["name"], []).append(op)
+    assert sorted(op["name"] for op in forward) == sorted(op["name"] for ops in replays.values() for op in ops), \
+        "the replay ran other ops"
+    return [(op, replays[op["name"]].pop(0)) for op in forward]
+
+
 def fig_path(out: str, name: str) -> str:
     """{out}/{name}, with the folder created."""
     os.makedirs(out, exist_ok=True)

@@ -416,7 +416,7 @@ class Segment:
                 needed.update(flow.reads())
             else:
                 self.stash[index] = served
-                needed.update(flow.reads(p for p in flow.saved.values()))
+                needed.update(flow.reads(flow.saved.values()))
         self.flow.clear()
         self.producers.clear()
 

@@ -124,7 +124,7 @@ def swapaxes(x, axis1, axis2):
 def split(x, split_size_or_sections, axis=0):
     """PyTorch's split: pieces of `split_size_or_sections` along `axis` (the last one shorter if the length is not a
     multiple), or of the listed sizes, as a tuple of views."""
-    length = x.shape[axis] if -x.ndim <= axis < x.ndim and x.ndim else None
+    length = x.shape[axis] if -x.ndim <= axis < x.ndim else None
     if isinstance(split_size_or_sections, int) and not isinstance(split_size_or_sections, bool):
         size = split_size_or_sections
         if size < 0 or (size == 0 and length):
