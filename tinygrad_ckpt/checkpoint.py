@@ -179,13 +179,6 @@ def _checksum(a, xp, sample: bool = False) -> int | None:
     return int(words.sum(dtype=words.dtype))
 
 
-def _described(arrays, fingerprint) -> tuple:
-    """(key, shape, dtype, fingerprint(a) or None) per array: what the determinism check compares."""
-    be = backend.current()
-    return tuple((k, tuple(a.shape), a.dtype, fingerprint(a) if fingerprint is not None else None)
-                 for k, a in arrays if be.is_array(a))
-
-
 class _Fingerprints:
     """The checksums one pass of a segment takes, each array read once: an array saved by two ops (a layer norm's
     output, which the next linear keeps as its input) is fingerprinted once. A view saved out of a buffer not
@@ -319,6 +312,9 @@ class Segment:
         self.flow: dict[int, Flow] = {}  # op index -> what it read and saved (forward only, till it finishes)
         self.producers: dict[int, tuple] = {}  # id(output array) -> (weak reference, op index)
         self.pinned: set[int] = set()  # ops whose outputs an inner checkpoint read
+        be = backend.current()
+        self.is_array = be.is_array
+        self.values = check == "values" and be.has_values  # fingerprint values (the meta backend has none)
 
     def __repr__(self) -> str:
         role = "replay" if self.records else "forward"
@@ -353,21 +349,23 @@ class Segment:
     def _observe(self, index, fn, name, ctx, out, rng, inputs, outputs=None) -> None:
         """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash)."""
         outs = out if isinstance(out, tuple) else (out,)
-        if not (self.check == "values" and backend.current().has_values):
+        is_array = self.is_array
+        if not self.values:
             if outputs is None:
-                outputs = _described(enumerate(outs), None)
-            saves = _described(ctx.saved.items(), None)
+                outputs = tuple((i, tuple(o.shape), o.dtype, None) for i, o in enumerate(outs) if is_array(o))
+            saves = tuple((k, tuple(a.shape), a.dtype, None) for k, a in ctx.saved.items() if is_array(a))
         else:
             # inputs made before the segment (parameters, arguments) are not recomputed: their saves are checked by
-            # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs)
+            # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs);
+            # an output the op saves is fingerprinted whole with its saves
             older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
-            saved = {id(a) for a in ctx.saved.values()}
-            if outputs is None:  # an output the op saves is fingerprinted whole with its saves
-                outputs = _described([(i, o) for i, o in enumerate(outs) if id(o) not in saved],
-                                     self.fingerprints.sample)
-            saves = ctx.saved.items()
-            saves = (_described([(k, a) for k, a in saves if id(a) not in older], self.fingerprints.full)
-                     + _described([(k, a) for k, a in saves if id(a) in older], None))
+            full, sample = self.fingerprints.full, self.fingerprints.sample
+            saves = tuple((k, tuple(a.shape), a.dtype, None if id(a) in older else full(a))
+                          for k, a in ctx.saved.items() if is_array(a))
+            if outputs is None:
+                saved = {id(a) for a in ctx.saved.values()}
+                outputs = tuple((i, tuple(o.shape), o.dtype, sample(o))
+                                for i, o in enumerate(outs) if is_array(o) and id(o) not in saved)
         self.observed[index] = Observation(index, fn.kind(), name, saves, outputs, rng)
 
     def _forward_op(self, fn, name, ctx, arrays, params, inputs):
@@ -393,9 +391,9 @@ class Segment:
     def _note_flow(self, index, ctx, arrays, out) -> None:
         """What op `index` read and saved, for the early stop; its outputs are remembered weakly."""
         outs = out if isinstance(out, tuple) else (out,)
-        be = backend.current()
+        is_array = self.is_array
         self.flow[index] = Flow(self._producers_of(arrays), {key: _position(a, arrays) for key, a in ctx.saved.items()},
-                                ctx, tuple((o.shape, o.dtype) if be.is_array(o) else None for o in outs),
+                                ctx, tuple((o.shape, o.dtype) if is_array(o) else None for o in outs),
                                 isinstance(out, tuple))
         for o in outs:
             try:
@@ -446,6 +444,8 @@ class Segment:
             observer.on_save(report, new)
 
     def _mark_consumed(self, arrays) -> None:
+        if not self.kept:  # nothing kept (no policy, or it kept nothing yet): nothing to mark
+            return
         ids = {id(a) for a in arrays}
         self.consumed.update(id(self.kept[k]) for kept in self.stash.values() for k in kept.outputs
                              if isinstance(k, str) and id(self.kept[k]) in ids)

@@ -44,9 +44,7 @@ class GELU(Function):
 
 
 def _gelu_erf(out, x):
-    out[...] = backend.current().erf(x * _SQRT_HALF)  # SciPy's erf has no float16 loop: the assignment casts
-    out += 1
-    out *= 0.5 * x
+    backend.current().gelu(x, out)
 
 
 def _gelu_tanh(out, x):
@@ -114,7 +112,7 @@ def _by_rows(ctx, kernel, *arrays):
 def _softmax(out, x, axis):
     xp().subtract(x, x.max(axis=axis, keepdims=True), out=out)
     xp().exp(out, out=out)
-    out /= out.sum(axis=axis, keepdims=True)
+    out /= backend.current().row_sums(out) if axis == -1 else out.sum(axis=axis, keepdims=True)
 
 
 def _softmax_grad(out, y, grad_out, axis):
@@ -209,9 +207,16 @@ class LayerNorm(Function):
         xhat = xp().empty(x.shape, dtype=x.dtype)
         rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
 
+        be = backend.current()
+
         def normalise(out, xhat, rstd, x):
-            xp().subtract(x, x.mean(axis=-1, keepdims=True), out=xhat)
-            rstd[...] = 1 / xp().sqrt((xhat * xhat).mean(axis=-1, keepdims=True) + eps)
+            mean = be.row_sums(x)
+            mean /= d
+            xp().subtract(x, mean, out=xhat)
+            var = be.row_dots(xhat, xhat)
+            var /= d
+            var += eps
+            rstd[...] = 1 / xp().sqrt(var)
             xhat *= rstd
             xp().multiply(xhat, weight, out=out)
             out += bias
