@@ -1,6 +1,7 @@
 """The float32 erf's error over every float32 from 0 to inf (erf is odd, and the evaluation is too: the
 negative half is checked bit for bit against the positive), against SciPy's erf in float64, and where
-it becomes exactly 1. About a minute: `python benchmarks/erf_every_float32.py`."""
+it becomes exactly 1; then the float32 GELU's largest error over every float32 in [-14, 14]. A few minutes:
+`python benchmarks/erf_every_float32.py`."""
 
 import os
 import sys
@@ -10,7 +11,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import numpy as np  # noqa: E402
 from scipy.special import erf  # noqa: E402
 
-from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
+from tinygrad_ckpt.backend.erf import erf_float32, gelu_float32  # noqa: E402
 
 SMALLEST_NORMAL = np.finfo(np.float32).tiny
 
@@ -45,5 +46,22 @@ def main() -> None:
           f"exactly 1 from x = {one_from:.7g} on")
 
 
+def gelu_every() -> None:
+    top = int(np.array([14.0], np.float32).view(np.int32)[0])
+    worst, at = 0.0, 0.0
+    step = 1 << 24
+    for sign in (1, -1):
+        for lo in range(0, top + 1, step):
+            x = sign * np.arange(lo, min(lo + step, top + 1), dtype=np.int32).view(np.float32)
+            got = gelu_float32(x, np.empty_like(x))
+            x64 = x.astype(np.float64)
+            err = np.abs(got - 0.5 * x64 * (1 + erf(x64 / np.sqrt(2))))
+            i = int(err.argmax())
+            if err[i] > worst:
+                worst, at = float(err[i]), float(x[i])
+    print(f"gelu_float32, every float32 in [-14, 14]: max |error| {worst:.3g} at x = {at:.7g}")
+
+
 if __name__ == "__main__":
     main()
+    gelu_every()

@@ -7,6 +7,7 @@ import numpy as np
 from .erf import erf_float32, gelu_float32
 
 _SQRT_HALF = 0.7071067811865476
+_vecdot = getattr(np, "vecdot", None)  # NumPy >= 2.0
 
 
 class Backend:
@@ -46,7 +47,7 @@ class Backend:
         return erf(x)
 
     def gelu(self, x, out) -> None:
-        """out = x·Φ(x) = x·½(1 + erf(x/√2)), exact GELU (float32: erf.gelu_float32, 19 NumPy passes)."""
+        """out = x·Φ(x) = x·½(1 + erf(x/√2)), exact GELU (float32: erf.gelu_float32, 17 NumPy passes)."""
         if x.dtype == np.float32:
             gelu_float32(x, out)
         else:
@@ -70,7 +71,9 @@ class Backend:
         product per row)."""
         if a.dtype.kind != "f" or a.dtype.itemsize < 4:
             return self.row_sums(a * b)
-        return np.vecdot(a, b)[..., None]
+        if _vecdot is None:  # NumPy 1.x
+            return np.einsum("...i,...i->...", a, b)[..., None]
+        return _vecdot(a, b)[..., None]
 
     def scatter_add_rows(self, target, ids, rows) -> None:
         """target[ids[k]] += rows[k] for every k, repeated ids summed (NumPy's add.at: in order, exactly)."""

@@ -10,7 +10,6 @@ from ..backend import threads, xp
 from ..function import Function
 from ._util import check_range, numel
 
-_SQRT_HALF = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 _TANH_C = math.sqrt(2 / math.pi)
 
