@@ -148,3 +148,26 @@ def test_two_user_threads_share_the_pool_while_the_count_changes(small_chunks, r
     assert errors == [] and len(results) == 60
     for r in results:
         np.testing.assert_array_equal(r, expected)
+
+
+def test_row_sums_and_dots_match_numpy_reductions_and_any_block_of_rows(rng, monkeypatch):
+    """backend.row_sums / row_dots (layer norm's and softmax's row reductions): NumPy's sums to float32
+    rounding, kept as [..., 1], the same bits for any block of rows, float16 summed in float32, and NumPy 1.x's
+    einsum fallback for vecdot."""
+    from tinygrad_ckpt.backend import numpy_backend
+
+    be = tg.backend.current()
+    a = rng.standard_normal((3, 50, 257)).astype(np.float32)
+    b = rng.standard_normal((3, 50, 257)).astype(np.float32)
+    sums, dots = be.row_sums(a), be.row_dots(a, b)
+    assert sums.shape == dots.shape == (3, 50, 1) and sums.dtype == dots.dtype == np.float32
+    np.testing.assert_allclose(sums, a.astype(np.float64).sum(-1, keepdims=True), rtol=0, atol=2e-5)
+    np.testing.assert_allclose(dots, (a.astype(np.float64) * b).sum(-1, keepdims=True), rtol=0, atol=5e-5)
+    rows_a, rows_b = a.reshape(150, 257), b.reshape(150, 257)
+    assert np.array_equal(be.row_sums(rows_a[7:40]), sums.reshape(150, 1)[7:40])
+    assert np.array_equal(be.row_dots(rows_a[7:40], rows_b[7:40]), dots.reshape(150, 1)[7:40])
+    half = a.astype(np.float16)
+    assert be.row_sums(half).dtype == np.float32
+    np.testing.assert_allclose(be.row_sums(half), half.astype(np.float32).sum(-1, keepdims=True), rtol=1e-6)
+    monkeypatch.setattr(numpy_backend, "_vecdot", None)
+    np.testing.assert_allclose(be.row_dots(a, b), dots, rtol=1e-5, atol=1e-5)
