@@ -85,7 +85,7 @@ from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
 from tinygrad_ckpt.backend import threads  # noqa: E402
 from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
-from tinygrad_ckpt.checkpoint import _Fingerprints  # noqa: E402
+from tinygrad_ckpt.checkpoint import Segment  # noqa: E402
 from tinygrad_ckpt.function import Context  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
@@ -498,7 +498,7 @@ def bench_ckpt(cfg, args) -> dict:
         check = {}
         for n in counts:
             pin_threads(n)
-            check[n] = check_seconds(lambda plan=plan: st.ours_step(plan)) / times[n]["ours"]
+            check[n] = check_seconds(lambda check, plan=plan: st.ours_step(plan, check)) / times[n]["ours"]
         pin_threads(counts[-1])
         p = dict(
             check_share=check,
@@ -528,32 +528,31 @@ def bench_ckpt(cfg, args) -> dict:
 
 
 def check_seconds(step, reps: int = 5) -> float:
-    """Seconds per step spent inside the value check's fingerprints (`_Fingerprints.full` and `.sample`, the
-    only work the "values" check adds to "metadata"), measured directly: a difference of two noisy step times
-    cannot resolve a few per cent on a shared machine."""
-    spent = [0.0]
-    originals = {name: vars(_Fingerprints)[name] for name in ("full", "sample")}
+    """Seconds per step the value check adds: the time inside `Segment._observe` (each op's observation, in the
+    checkpointed forward and in the replay: fingerprints and their bookkeeping) with determinism_check="values"
+    minus with "metadata", the two alternated. Timed directly: a difference of two noisy step times cannot
+    resolve a few per cent on a shared machine. `step(check)` runs one checkpointed step."""
+    spent = {"values": 0.0, "metadata": 0.0}
+    original = Segment._observe
 
-    def timed(fn):
-        def run(*args):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args)
-            finally:
-                spent[0] += time.perf_counter() - t0
-        return run
+    def timed(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            spent[self.check] += time.perf_counter() - t0
 
-    _Fingerprints.full = timed(originals["full"])
-    _Fingerprints.sample = staticmethod(timed(originals["sample"].__func__))
+    Segment._observe = timed
     try:
-        step()  # warm
-        spent[0] = 0.0
+        for check in spent:  # warm
+            step(check)
+        spent.update(values=0.0, metadata=0.0)
         for _ in range(reps):
-            step()
+            for check in ("values", "metadata"):
+                step(check)
     finally:
-        for name, fn in originals.items():
-            setattr(_Fingerprints, name, fn)
-    return spent[0] / reps
+        Segment._observe = original
+    return (spent["values"] - spent["metadata"]) / reps
 
 
 def torch_matmul_flops(st) -> dict:
@@ -878,7 +877,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
             for plan, p in c["plans"].items():
                 for n in c["threads"]:
                     w(f"- {plan}, {n} thread(s): the value check costs {p['check_share'][n]:.1%} of a step "
-                      f"without checkpointing, timed inside its fingerprints (target ≤ 3%; the difference of the "
+                      f"without checkpointing, timed inside each op's observation, 'values' minus 'metadata' "
+                      f"(target ≤ 3%; the difference of the "
                       f"'values' and 'metadata' medians reads {(p['time_ratio'][n] - p['time_ratio_meta'][n]):.1%}, "
                       f"within this machine's noise); overhead ours ×{p['time_ratio'][n]:.2f} against PyTorch's "
                       + (f"×{p['torch_time_ratio'][n]:.2f}" if "torch_time_ratio" in p else "-")
