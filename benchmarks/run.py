@@ -84,7 +84,7 @@ from benchmarks import handwritten as hw  # noqa: E402
 from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
 from tinygrad_ckpt.backend import threads  # noqa: E402
-from tinygrad_ckpt.backend.erf import erf_float32  # noqa: E402
+from tinygrad_ckpt.backend.erf import erf_float32, gelu_float32  # noqa: E402
 from tinygrad_ckpt.checkpoint import Segment  # noqa: E402
 from tinygrad_ckpt.function import Context  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
@@ -348,7 +348,8 @@ def bench_erf(cfg, args) -> dict:
     x = (rng.standard_normal(cfg["erf_n"]) * 2).astype(F32)
     out = np.empty_like(x)
     steps = {"scipy": lambda: erf(x),  # "fast" takes the engine's path: cache-sized blocks (threads.rows)
-             "fast": lambda: threads.rows(lambda o, a: erf_float32(a, out=o), out, x)}
+             "fast": lambda: threads.rows(lambda o, a: erf_float32(a, out=o), out, x),
+             "gelu": lambda: threads.rows(lambda o, a: gelu_float32(a, o), out, x)}  # exact GELU, its own fit
     if torch is not None:
         tx = torch.from_numpy(x)
         steps["torch_erf"] = lambda: torch.erf(tx)
@@ -901,7 +902,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
           + ", ".join(f"{k} {v:.2f} ns/element" for k, v in e["ns"].items())
           + f". Speed-up over SciPy: **{e['ns']['scipy'] / e['ns']['fast']:.1f}×**. Max abs error vs "
           f"float64 erf on a dense sample of [-6, 6] plus specials: **{e['max_err']:.2e}** (over every float32: "
-          "`python benchmarks/erf_every_float32.py`).")
+          "`python benchmarks/erf_every_float32.py`). 'gelu' is the engine's exact GELU (`gelu_float32`, "
+          "x / (1 + e^(x·G(x²))), a fit of its own, not through erf), against torch_gelu.")
         w("")
     if "profile" in res:
         w(profile_text(res["profile"]))

@@ -41,15 +41,6 @@ class CupyBackend(Backend):
 
         return erf(x)
 
-    def gelu(self, x, out) -> None:
-        self._gelu(x, out)
-
-    def row_sums(self, a):
-        return a.sum(axis=-1, keepdims=True)
-
-    def row_dots(self, a, b):
-        return (a * b).sum(axis=-1, keepdims=True)
-
     def scatter_add_rows(self, target, ids, rows) -> None:
         """target[ids[k]] += rows[k], in a fixed order: CuPy's add.at adds with atomics, whose order (and so the
         last bits of a sum) changes from run to run. Sort the ids stably, sum each run of one id with add.reduceat,

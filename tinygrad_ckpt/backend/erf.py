@@ -1,8 +1,9 @@
-"""A fast float32 erf in a handful of NumPy passes: `erf_float32(x)`; exact GELU the same way: `gelu_float32`.
+"""A fast float32 erf in a handful of NumPy passes, `erf_float32(x)`, and exact GELU the same way, `gelu_float32`.
 
 scipy.special.erf on float32 arrays runs the double-precision Cephes routine element by element
-(about 25 ns an element here), which makes exact GELU the costliest elementwise op of a block. This
-writes erf through tanh, which NumPy evaluates with SIMD in float32 (about 0.4 ns an element):
+(about 25 ns an element here), which would make exact GELU the costliest elementwise op of a block.
+GELU therefore has a fit of its own through exp (`G`, at the constants below): x·Φ(x) = x / (1 + e^(x·G(x²))).
+erf is written through tanh, which NumPy evaluates with SIMD in float32 (about 0.4 ns an element):
 
     erf(x) = tanh(x·h(x²)),   h(s) = artanh(erf(√s))/√s,   h(0) = 2/√π,
 

@@ -718,15 +718,6 @@ class MetaBackend(Backend):
             weakref.finalize(data, self._stand_ins.pop, key, None)
         return self._stand_ins[key]
 
-    def gelu(self, x, out) -> None:
-        self._gelu(x, out)
-
-    def row_sums(self, a):
-        return a.sum(axis=-1, keepdims=True)
-
-    def row_dots(self, a, b):
-        return (a * b).sum(axis=-1, keepdims=True)
-
     def erf(self, x):
         from scipy.special import erf  # only its dtype rule is used (float16 -> float64, as SciPy does)
 

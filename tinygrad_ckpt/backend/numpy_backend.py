@@ -47,13 +47,10 @@ class Backend:
         return erf(x)
 
     def gelu(self, x, out) -> None:
-        """out = x·Φ(x) = x·½(1 + erf(x/√2)), exact GELU (float32: erf.gelu_float32, 17 NumPy passes)."""
-        if x.dtype == np.float32:
+        """out = x·Φ(x) = x·½(1 + erf(x/√2)), exact GELU (NumPy float32: erf.gelu_float32, 17 passes)."""
+        if self.xp is np and x.dtype == np.float32:
             gelu_float32(x, out)
-        else:
-            self._gelu(x, out)
-
-    def _gelu(self, x, out) -> None:
+            return
         out[...] = self.erf(x * _SQRT_HALF)  # SciPy's erf has no float16 loop: the assignment casts
         out += 1
         out *= 0.5 * x
@@ -61,17 +58,19 @@ class Backend:
     def row_sums(self, a):
         """Σ over the last axis, kept as [..., 1]. On a short contiguous axis NumPy's add.reduce loops per row
         (30 µs on [512, 256] float32 here); einsum's sum-of-products loop takes 11 µs. Each row is summed the
-        same way whatever rows surround it, so blocks of rows give the same bits."""
-        if a.dtype.kind != "f" or a.dtype.itemsize < 4:  # float16: sum in float32, as mean() does
-            return a.sum(axis=-1, keepdims=True, dtype=np.float32 if a.dtype.kind == "f" else None)
-        return np.einsum("...i->...", a)[..., None]
+        same way whatever rows surround it, so blocks of rows give the same bits. float16 sums in float32."""
+        if self.xp is not np:
+            return a.sum(axis=-1, keepdims=True)
+        if a.dtype.kind == "f" and a.dtype.itemsize >= 4:
+            return np.einsum("...i->...", a)[..., None]
+        return a.sum(axis=-1, keepdims=True, dtype=np.float32 if a.dtype.kind == "f" else None)
 
     def row_dots(self, a, b):
-        """Σ a·b over the last axis, kept as [..., 1], with no temporary for the products (vecdot: one dot
-        product per row)."""
-        if a.dtype.kind != "f" or a.dtype.itemsize < 4:
+        """Σ a·b over the last axis, kept as [..., 1], with no temporary for the products (NumPy's vecdot: one
+        dot product per row; einsum on NumPy 1.x)."""
+        if self.xp is not np or a.dtype.kind != "f" or a.dtype.itemsize < 4:
             return self.row_sums(a * b)
-        if _vecdot is None:  # NumPy 1.x
+        if _vecdot is None:
             return np.einsum("...i,...i->...", a, b)[..., None]
         return _vecdot(a, b)[..., None]
 
