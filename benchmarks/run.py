@@ -1127,7 +1127,8 @@ def plot(res: dict, out_dir: str) -> None:
                 ax.bar(xs + 0.1, [c["plans"][n]["torch_time_ratio"][n_] for n in names], 0.2, label="torch time ×")
             ax.bar(xs + 0.3, [c["plans"][n]["flops_ratio"] for n in names], 0.2, label="ours FLOPs ×")
             ax.axhline(1, color="k", lw=0.5)
-            ax.set_ylim(0.8, None)
+            top = max(bar.get_height() for bar in ax.patches)
+            ax.set_ylim(0.8, 0.8 + (top - 0.8) * 1.5)  # room above the bars for the legend
             ax.set_xticks(xs, names)
             ax.set_title(f"checkpointing cost ({c['L']} layers, {n_} thread(s))")
         elif panel == "main":
@@ -1142,7 +1143,7 @@ def plot(res: dict, out_dir: str) -> None:
             ax.axhline(target, color="C1", lw=0.8, ls="--", label=f"target: ours / torch median ≤ {target:.2f}")
             ax.set_xticks(xs, labels, fontsize=7)
             ax.set_title(f"time ratios (T/d, layers), {rows_[0]['threads']} thread(s)")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, **({"loc": "upper center", "ncol": 2} if panel == "ckpt" else {}))
         ax.grid(True, which="both", alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
