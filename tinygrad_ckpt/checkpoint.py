@@ -352,25 +352,21 @@ class Segment:
             self.nested -= 1
 
     def _observe(self, index, fn, name, ctx, out, rng, inputs, outputs=None) -> None:
-        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash)."""
+        """Note what op `index` saved and returned (`outputs`: already described, for an op served from the stash).
+        With values: inputs made before the segment (parameters, arguments) are not recomputed, so their saves
+        are checked by shape and dtype (the replay reads the very arrays the forward read; a change shows in the
+        outputs), and an output the op saves is fingerprinted whole with its saves instead of sampled."""
         outs = out if isinstance(out, tuple) else (out,)
-        is_array = self.is_array
-        if not self.values:
-            if outputs is None:
-                outputs = tuple((i, tuple(o.shape), o.dtype, None) for i, o in enumerate(outs) if is_array(o))
-            saves = tuple((k, tuple(a.shape), a.dtype, None) for k, a in ctx.saved.items() if is_array(a))
-        else:
-            # inputs made before the segment (parameters, arguments) are not recomputed: their saves are checked by
-            # shape and dtype (the replay reads the very arrays the forward read; a change shows in the outputs);
-            # an output the op saves is fingerprinted whole with its saves
-            older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start}
-            full, sample = self.fingerprints.full, self.fingerprints.sample
-            saves = tuple((k, tuple(a.shape), a.dtype, None if id(a) in older else full(a))
-                          for k, a in ctx.saved.items() if is_array(a))
-            if outputs is None:
-                saved = {id(a) for a in ctx.saved.values()}
-                outputs = tuple((i, tuple(o.shape), o.dtype, sample(o))
-                                for i, o in enumerate(outs) if is_array(o) and id(o) not in saved)
+        is_array, values = self.is_array, self.values
+        older = {id(x.data) for x in inputs if isinstance(x, Tensor) and x._uid < self.start} if values else ()
+        full = self.fingerprints.full
+        saves = tuple((k, tuple(a.shape), a.dtype, full(a) if values and id(a) not in older else None)
+                      for k, a in ctx.saved.items() if is_array(a))
+        if outputs is None:
+            saved = {id(a) for a in ctx.saved.values()} if values else ()
+            sample = self.fingerprints.sample
+            outputs = tuple((i, tuple(o.shape), o.dtype, sample(o) if values else None)
+                            for i, o in enumerate(outs) if is_array(o) and id(o) not in saved)
         self.observed[index] = Observation(index, fn.kind(), name, saves, outputs, rng)
 
     def _forward_op(self, fn, name, ctx, arrays, params, inputs):
