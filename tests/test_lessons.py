@@ -241,3 +241,23 @@ def test_lesson4_writes_summary_and_chrome_trace(runs):
     phases = {ev.get("cat") for ev in trace["traceEvents"] if ev["ph"] == "X"}
     assert {"forward", "backward"} <= phases
     assert any(ev["ph"] == "C" for ev in trace["traceEvents"])
+
+
+def test_figures_counts_only_the_figures_a_lesson_writes_now(tmp_path, monkeypatch):
+    """A figure left in the folder by an earlier run (or committed, for a lesson that skips) is not this run's."""
+    lessons = tmp_path / "lessons"
+    lessons.mkdir()
+    (lessons / "98_draws.py").write_text(
+        "from pathlib import Path\n"
+        "def main(quick=False, out='figures'):\n"
+        "    Path(out, '98_draws.png').write_bytes(b'new')\n"
+        "    return {}\n")
+    (lessons / "99_skips.py").write_text("def main(quick=False, out='figures'):\n    return {'skipped': 'no'}\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("98_draws.png", "98_draws_older.png", "99_skips.png"):
+        (out / name).write_bytes(b"old")
+    monkeypatch.setattr(figures, "select", lambda only: sorted(lessons.glob("*.py")))
+    results = figures.run(quick=True, out=out)
+    assert results["98_draws"]["figures"] == [str(out / "98_draws.png")]
+    assert results["99_skips"]["figures"] == []

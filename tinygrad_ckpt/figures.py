@@ -138,7 +138,7 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
         ticker = None if verbose else _Ticker(stream, label)
         if verbose:
             print(f"{label}", file=stream, flush=True)
-        t0 = time.perf_counter()
+        t0, before = time.perf_counter(), _figures_in(out, path.stem)
         try:
             with contextlib.nullcontext() if verbose else contextlib.redirect_stdout(captured):
                 result = module.main(quick=quick, out=out)
@@ -150,7 +150,7 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
         if ticker is not None:
             ticker.stop()
         seconds = time.perf_counter() - t0
-        figures = sorted(str(p) for p in Path(out).glob(f"{path.stem}*.png"))
+        figures = sorted(p for p, t in _figures_in(out, path.stem).items() if before.get(p) != t)  # this run's
         print(f"{label} done in {seconds:.1f} s: {len(figures)} figure(s)", file=stream, flush=True)
         for line in getattr(module, "headline", lambda result: [])(result):
             print(f"      {line}", file=stream, flush=True)
@@ -159,6 +159,12 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
     n_fig = sum(len(r["figures"]) for r in results.values())
     print(f"all done in {total:.1f} s: {n_fig} figure(s) in {out}/", file=stream, flush=True)
     return results
+
+
+def _figures_in(out, stem: str) -> dict:
+    """{path: modification time} of a lesson's figures in `out` (a lesson that skips writes none, and one
+    that ran before left its files: only those it writes now count as its figures)."""
+    return {str(p): p.stat().st_mtime_ns for p in Path(out).glob(f"{stem}*.png")}
 
 
 def main(argv=None) -> int:
