@@ -222,11 +222,16 @@ def frontier_figure(res: dict, path: str) -> None:
     same: dict = {}  # policies that land on one point share one label
     for r in res["named"]:
         same.setdefault((r["peak"], r["recompute"]), []).append(r["label"])
-    for (peak, _), labels in same.items():
+    labelled_k = (1, 2, 3, round(math.sqrt(res["n_layer"])), res["n_layer"])
+    sweep_at = {(r["peak"], r["recompute"]): r["k"] for r in g if r["k"] in labelled_k}
+    below = {"save_matmuls"}  # its label would run under korthikanti_selective's star
+    for point, labels in same.items():
         r = next(x for x in res["named"] if x["label"] == labels[0])
         marker, color = marks.get(labels[0], ("o", "grey"))
-        ax.scatter([pct(r)], [peak / div], s=70 if marker != "*" else 140, marker=marker, color=color, zorder=4)
-        ax.annotate(" = ".join(labels), (pct(r), peak / div), xytext=(7, 4), textcoords="offset points", fontsize=7,
+        ax.scatter([pct(r)], [point[0] / div], s=70 if marker != "*" else 140, marker=marker, color=color, zorder=4)
+        k = sweep_at.pop(point, None)  # a sweep point under a named one: one label for both
+        ax.annotate(" = ".join(labels) + (f" (k={k})" if k else ""), (pct(r), point[0] / div),
+                    xytext=(7, -11 if labels[0] in below else 4), textcoords="offset points", fontsize=7,
                     color=color, fontweight="bold")
     ax.scatter([], [], s=50, marker="D", color="grey", label="named policies (GPT(checkpoint=...), labelled)")
     for i, r in enumerate(res["planner"]):
@@ -239,7 +244,7 @@ def frontier_figure(res: dict, path: str) -> None:
         ax.annotate(str(i + 1), (pct(r), r["peak"] / div), xytext=(-9, -3), textcoords="offset points",
                     ha="right", va="top", fontsize=8, color="#4C72B0", fontweight="bold")
     for r in g:
-        if r["k"] in (1, 2, 3, round(math.sqrt(res["n_layer"])), res["n_layer"]):
+        if (r["peak"], r["recompute"]) in sweep_at:
             ax.annotate(f"k={r['k']}", (pct(r), r["peak"] / div), xytext=(9, 0), textcoords="offset points",
                         va="center", fontsize=7, color="#C44E52")
     ax.scatter([], [], s=90, marker="h", facecolor="none", edgecolor="#4C72B0", lw=1.6,
