@@ -1141,9 +1141,11 @@ def plot(res: dict, out_dir: str) -> None:
                 ax.plot(xs, [r["time"]["hand"] / r["time"]["torch"] for r in rows_], "^-", label="hand / torch")
             target = torch_target(rows_[0]["threads"])
             ax.axhline(target, color="C1", lw=0.8, ls="--", label=f"target: ours / torch median ≤ {target:.2f}")
+            low, high = ax.get_ylim()
+            ax.set_ylim(low, high + (high - low) * 0.4)  # room above the lines for the legend
             ax.set_xticks(xs, labels, fontsize=7)
             ax.set_title(f"time ratios (T/d, layers), {rows_[0]['threads']} thread(s)")
-        ax.legend(fontsize=7, **({"loc": "upper center", "ncol": 2} if panel == "ckpt" else {}))
+        ax.legend(fontsize=7, **({"loc": "upper center", "ncol": 2} if panel in ("ckpt", "main") else {}))
         ax.grid(True, which="both", alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
