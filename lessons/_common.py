@@ -9,20 +9,16 @@ import contextlib
 import gc
 import os
 
-# The lessons multiply small matrices, where BLAS threads only add overhead (and on a busy 2-core
-# machine their spin-waiting made lesson 1 twice as slow). This takes effect when a lesson runs as a
-# script (it imports this module before NumPy); export the variable to choose otherwise.
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-
-import numpy as np  # noqa: E402
-
-import tinygrad_ckpt as tg  # noqa: E402
-from tinygrad_ckpt import nn, optim  # noqa: E402
-from tinygrad_ckpt.figures import output_folder  # noqa: E402
-from tinygrad_ckpt.units import format_bytes  # noqa: E402
+import tinygrad_ckpt as tg  # before NumPy, so that OpenBLAS loads with the engine's settings (backend/threads.py)
 
 __all__ = ["cli", "claim", "output_folder", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step",
            "heading", "table", "fig_path", "format_bytes"]
+
+import numpy as np  # noqa: E402
+
+from tinygrad_ckpt import nn, optim  # noqa: E402
+from tinygrad_ckpt.figures import output_folder  # noqa: E402
+from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 
 def cli(main, doc: str | None = None) -> None:

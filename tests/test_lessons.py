@@ -261,3 +261,18 @@ def test_figures_counts_only_the_figures_a_lesson_writes_now(tmp_path, monkeypat
     results = figures.run(quick=True, out=out)
     assert results["98_draws"]["figures"] == [str(out / "98_draws.png")]
     assert results["99_skips"]["figures"] == []
+
+
+def test_lessons_load_the_engine_before_numpy():
+    """Run as a script, a lesson imports _common first: OpenBLAS must load with the engine's settings (its idle
+    threads sleep after a product instead of spinning for 0.1 s; tinygrad_ckpt/backend/threads.py)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import _common, os; "
+            "print(os.environ.get('OPENBLAS_THREAD_TIMEOUT'))")
+    done = subprocess.run([sys.executable, "-c", code, str(figures.lessons_dir())], env=env, capture_output=True,
+                          text=True, check=True)
+    assert done.stdout.strip() != "None"  # the engine set it, as NumPy had not loaded yet
