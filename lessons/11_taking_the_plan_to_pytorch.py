@@ -9,8 +9,9 @@ What this lesson adds: a checkpointing plan chosen here carries over to PyTorch 
 segments for a memory budget from this engine's measured costs; applied to the same GPT in PyTorch
 (torch.utils.checkpoint, non-reentrant, for plans; selective activation checkpointing for policies), PyTorch
 keeps the bytes the ledger measured, within 2%, once each measured difference between the two is counted like
-for like. The time each plan costs is measured too, in both, and printed beside (on a shared CPU these times
-are noisy; this engine also checks every replay against its forward, which PyTorch does not).
+for like. The time each plan costs is measured too, in both, on the same number of threads, and printed beside
+(on a shared CPU these times are noisy; this engine also checks every replay against its forward, which PyTorch
+does not).
 
 What you will see: one GPT (dropout on) under five plans (none, every layer, √n segments, the planner's plan
 for a budget, Korthikanti's selective recomputation), each measured twice: by the ledger (this engine, NumPy)
@@ -40,6 +41,7 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import planner, plots
+from tinygrad_ckpt.backend import threads
 from tinygrad_ckpt.measure import layer_costs
 
 SLUG = "11_taking_the_plan_to_pytorch"
@@ -110,8 +112,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         loss.backward()
         torch_model.zero_grad()
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matrices, as NumPy here (lessons run BLAS single-threaded): a like-for-like time
+    torch_threads, n_threads = torch.get_num_threads(), threads.threads()
+    torch.set_num_threads(n_threads)  # as many as this engine's elementwise ops (and NumPy's BLAS, every core) use
     rows, results = [], {}
     for label, spec in plans.items():
         model.checkpoint = torch_model.checkpoint = spec
@@ -126,9 +128,10 @@ def main(quick: bool = False, out: str = "figures") -> dict:
                      f"{-terms['dead_cache']:+,}", f"{terms['comparable']:,}",
                      f"{terms['comparable'] / engine - 1:+.2%}",
                      f"{engine_seconds * 1e3:.1f}", f"{torch_seconds * 1e3:.1f}"))
-    torch.set_num_threads(threads)
+    torch.set_num_threads(torch_threads)
     print(C.table(rows, ["plan", "ledger (B)", "PyTorch (B)", "raw", "noise", "masks kept", "dead cache",
                          "like for like", "vs ledger", "ours ms", "torch ms"]))
+    print(f"(times: the fastest of 3 steps, each engine on {n_threads} thread(s))")
     print("(each column between 'raw' and 'like for like' is measured in PyTorch's step: 'noise' turns CPU\n"
           "dropout's float noise into a mask of 1 bit per element, as this engine keeps; 'masks kept' adds, while a\n"
           "block waits for its replay, the 1-bit masks of the dropouts the selective policy keeps, which PyTorch\n"
@@ -167,7 +170,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     ax2.set_xticks(x)
     ax2.set_xticklabels(labels, fontsize=7, rotation=30, ha="right")
     ax2.set_ylabel("forward + backward (ms, fastest of 3)")
-    ax2.set_title("time of one step", fontsize=10)
+    ax2.set_title(f"time of one step ({n_threads} thread{'s' if n_threads > 1 else ''} each)", fontsize=10)
+    ax2.set_ylim(0, ax2.get_ylim()[1] * 1.2)  # room above the bars for the legend
     ax2.legend(fontsize=8, frameon=False)
     ax2.grid(axis="y", alpha=0.3)
     fig.suptitle(f"The same plans in this engine and in PyTorch ({L} layers, d={D}, T={T}, B={B}, dropout {p})",
@@ -175,7 +179,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     plots.save(fig, path)
     print(f"\nfigure: {path}")
     return {"plan": plan.describe(), "budget": budget, "results": results, "worst_like_for_like": worst,
-            "figures": [path]}
+            "threads": n_threads, "figures": [path]}
 
 
 def headline(r: dict) -> list[str]:

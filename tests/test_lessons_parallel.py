@@ -23,8 +23,15 @@ def _run(stem: str, out: pathlib.Path) -> dict:
 
 def test_lesson_11_plans_carry_over_to_pytorch(tmp_path):
     pytest.importorskip("torch", reason="lesson 11 needs the optional extra torch")
+    import torch
+
+    from tinygrad_ckpt.backend import threads
+
+    before = torch.get_num_threads()
     r = _run("11_taking_the_plan_to_pytorch", tmp_path)
     assert len(r["figures"]) == 1
+    assert r["threads"] == threads.threads()  # both engines timed on the engine's thread count
+    assert torch.get_num_threads() == before  # and PyTorch's own setting given back
     results = r["results"]
     assert set(results) == {"none", "every layer", "√n segments", "planner", "selective (K22)"}
     for label, row in results.items():
