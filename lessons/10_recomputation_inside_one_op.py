@@ -11,7 +11,8 @@ keeps q, k, v, its output and one log-sum-exp per row instead of the [B, H, T, T
 and rebuilds the weights block by block in backward. So the bytes a block keeps grow linearly in T
 (the T² term is gone, not just smaller), for one extra [T, T]-sized matrix product per attention in
 backward (q kᵀ again), far less than the checkpoint segment's extra forward of the whole block; with a
-causal mask the op also skips the key blocks wholly in the future, which more than pays for it.
+causal mask the op also skips the key blocks wholly in the future, which more than pays for it once T spans
+a few blocks (T = 128 is one block of 128: nothing to skip).
 
 What you will see, measured by the ledger on a stack of nn.Blocks (forward + backward):
 1. the gradients of chunked and explicit attention agree (float64, to rounding);
@@ -43,6 +44,7 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, plots
+from tinygrad_ckpt.ops.attention import BLOCK_SIZE
 
 SLUG = "10_recomputation_inside_one_op"
 PLANS = {  # name -> (attention, checkpoint every block)
@@ -143,7 +145,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     C.claim(__doc__)
     print(f"A stack of {L} nn.Blocks, d_model {d}, {H} heads, batch B={B}, float32, no dropout; one forward +\n"
           "backward under tg.Ledger() per plan. Attention: explicit (the [B, H, T, T] weights on the tape) or\n"
-          "chunked (ops.ChunkedAttention, blocks of 64 queries and keys).")
+          f"chunked (ops.ChunkedAttention, blocks of {BLOCK_SIZE} queries and keys).")
 
     C.heading("1. The same gradients")
     err = gradient_check(np.random.default_rng(0))
@@ -197,8 +199,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     fe, fc = sweep[T0]["explicit"]["flops"], sweep[T0]["chunked"]["flops"]
     ck = sweep[T0]["explicit + checkpoint"]["flops"]
     extra_backward = fc["backward"] - fe["backward"]
-    n = -(-T0 // 64)  # key blocks of 64 per side; the causal op computes n(n+1)/2 of the n² blocks
-    visible = 64 * 64 * n * (n + 1) // 2
+    # the causal op computes, for each block of queries, the key blocks up to its own: keys 0..i1-1
+    visible = sum((i1 - i0) * i1 for i0, i1 in ((i, min(i + BLOCK_SIZE, T0)) for i in range(0, T0, BLOCK_SIZE)))
     rescore = L * B * visible * 2 * d  # q kᵀ over the visible blocks, all heads (2·hd per score, H heads)
     print(f"recomputing the scores inside the op costs {rescore / 1e6:,.1f} MFLOP (L·B·2·d per visible score, "
           f"{visible / T0**2:.1%} of the T² scores visible).")

@@ -56,6 +56,25 @@ def test_causal_blocks_in_the_future_are_skipped(rng):
     assert causal[0] * 64 == full.ctx.flops[0] * 36 and causal[1] * 64 == full.ctx.flops[1] * 36
 
 
+def test_the_default_block_size_is_one_constant(rng):
+    """F.scaled_dot_product_attention, nn.Block(attention="chunked") and the op itself all walk blocks of
+    ops.attention.BLOCK_SIZE when no block_size is given; at T = 1.5 blocks the causal op computes 3 of 4."""
+    from tinygrad_ckpt import ops
+    from tinygrad_ckpt.ops.attention import BLOCK_SIZE
+
+    T = BLOCK_SIZE * 3 // 2
+    q, k, v = (tg.Tensor(rng.standard_normal((1, 1, T, 4)), requires_grad=True) for _ in range(3))
+    for out in (F.scaled_dot_product_attention(q, k, v, impl="chunked"), ops.ChunkedAttention.apply(q, k, v)):
+        (entry,) = out.tape().entries
+        assert entry.ctx.block_size == BLOCK_SIZE
+        half = T - BLOCK_SIZE  # the second, shorter block of queries sees both key blocks
+        assert entry.ctx.flops[0] == (BLOCK_SIZE * BLOCK_SIZE + half * T) * (2 * 4 + 2 * 4 + 5)
+    block = nn.Block(8, 2, attention="chunked")
+    y = block(tg.Tensor(rng.standard_normal((1, T, 8))))
+    (entry,) = [e for e in y.tape().entries if e.op == "chunked_attention"]
+    assert entry.ctx.block_size == BLOCK_SIZE
+
+
 def test_dropout_is_one_function_of_the_rng_state_and_keeps_1_minus_p(rng):
     q, k, v = (rng.standard_normal((4, 4, 24, 8)) for _ in range(3))
     w = rng.standard_normal((4, 4, 24, 8))

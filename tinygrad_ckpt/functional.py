@@ -64,7 +64,7 @@ def causal_mask(t_q: int, t_k: int):
 
 
 def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float = 0.0, training: bool = True,
-                                 impl: str = "explicit", block_size: int = 64):
+                                 impl: str = "explicit", block_size: int = ops.attention.BLOCK_SIZE):
     """softmax(q kᵀ/√d + mask) v, q, k, v: [B, H, T, head_dim].
 
     impl="explicit" builds it from primitives so the tape shows each piece: it keeps q and k (for the
