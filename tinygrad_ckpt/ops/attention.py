@@ -28,8 +28,8 @@ from ..function import Function
 
 # queries and keys per block. Larger blocks mean fewer, bigger NumPy calls but larger temporaries ([B, H, block,
 # block] scores and probabilities, not kept). Forward + backward against the explicit path, 2 threads, B = 1, H = 4,
-# head_dim 64: blocks of 64 took 0.80-0.84x its time at T = 2048 and 1.04-1.15x at T = 512; blocks of 128,
-# 0.58-0.60x and 0.85-0.90x. A GPT block at (B, T, d, H) = (4, 1024, 256, 4): 64, 1.09x; 128, 0.93x. Blocks of 256
+# head_dim 64, three runs: blocks of 64 took 0.80-0.84x its time at T = 2048 and 1.04-1.15x at T = 512; blocks of
+# 128, 0.58-0.60x and 0.79-0.90x. A GPT block at (B, T, d, H) = (4, 1024, 256, 4): 64, 1.09x; 128, 0.93x. Blocks of 256
 # were no faster than 128 (at (8, 256, 256, 8): 1.09x against 1.01x).
 BLOCK_SIZE = 128
 
