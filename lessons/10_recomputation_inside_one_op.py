@@ -44,7 +44,7 @@ import numpy as np
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, plots
-from tinygrad_ckpt.ops.attention import BLOCK_SIZE
+from tinygrad_ckpt.ops.attention import BLOCK_SIZE, blocks
 
 SLUG = "10_recomputation_inside_one_op"
 PLANS = {  # name -> (attention, checkpoint every block)
@@ -200,7 +200,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     ck = sweep[T0]["explicit + checkpoint"]["flops"]
     extra_backward = fc["backward"] - fe["backward"]
     # the causal op computes, for each block of queries, the key blocks up to its own: keys 0..i1-1
-    visible = sum((i1 - i0) * i1 for i0, i1 in ((i, min(i + BLOCK_SIZE, T0)) for i in range(0, T0, BLOCK_SIZE)))
+    visible = sum((i1 - i0) * i1 for i0, i1 in blocks(T0, BLOCK_SIZE))
     rescore = L * B * visible * 2 * d  # q kᵀ over the visible blocks, all heads (2·hd per score, H heads)
     print(f"recomputing the scores inside the op costs {rescore / 1e6:,.1f} MFLOP (L·B·2·d per visible score, "
           f"{visible / T0**2:.1%} of the T² scores visible).")

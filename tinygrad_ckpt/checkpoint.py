@@ -514,12 +514,14 @@ class Segment:
                     "must run the same ops in the same order each time (no branches on state that changed); this "
                     "is checked whatever determinism_check says."
                 )
-            if self.check != "none" and (a.saves != b.saves or a.outputs != b.outputs):  # else nothing differs
+            if self.check != "none":
                 _compare(a, b, "saved", a.saves, b.saves)
                 _compare(a, b, "output", a.outputs, b.outputs)
 
 
 def _compare(a: Observation, b: Observation, what: str, before: tuple, after: tuple) -> None:
+    if before == after:  # the usual case: one tuple comparison, nothing to name
+        return
     if len(before) != len(after):
         raise CheckpointError(f"checkpoint replay diverged at op '{a.name}' ({a.op}): it {what} {len(before)} arrays "
                               f"in forward but {len(after)} in the replay." + _TIP)

@@ -34,7 +34,8 @@ from ..function import Function
 BLOCK_SIZE = 128
 
 
-def _blocks(t: int, size: int):
+def blocks(t: int, size: int) -> list:
+    """[(start, stop)] of t positions cut into blocks of `size` (the last one may be shorter)."""
     return [(i, min(i + size, t)) for i in range(0, t, size)]
 
 
@@ -57,7 +58,7 @@ class ChunkedAttention(Function):
         out = xp().empty(q.shape[:-1] + v.shape[-1:], dtype=q.dtype)
         lse = xp().empty(q.shape[:-1] + (1,), dtype=q.dtype)
         area = 0  # score elements computed: the FLOPs follow it
-        for bi, (i0, i1) in enumerate(_blocks(tq, block_size)):
+        for bi, (i0, i1) in enumerate(blocks(tq, block_size)):
             qb = q[..., i0:i1, :] * xp().asarray(ctx.scale, dtype=q.dtype)
             m = l_sum = acc = None
             for bj, (j0, j1) in _visible(ctx, i0, i1, tq, tk):
@@ -96,7 +97,7 @@ class ChunkedAttention(Function):
         dq = xp().zeros(q.shape, dtype=q.dtype)
         dk = xp().zeros(k.shape, dtype=k.dtype)
         dv = xp().zeros(v.shape, dtype=v.dtype)
-        for bi, (i0, i1) in enumerate(_blocks(tq, ctx.block_size)):
+        for bi, (i0, i1) in enumerate(blocks(tq, ctx.block_size)):
             qb = q[..., i0:i1, :] * scale
             gb = grad_out[..., i0:i1, :]
             for bj, (j0, j1) in _visible(ctx, i0, i1, tq, tk):
@@ -120,7 +121,7 @@ def _visible(ctx, i0: int, i1: int, tq: int, tk: int):
     functional.causal_mask): query i sees keys j <= i + tk - tq, so blocks starting after the last query's
     horizon are skipped, not computed."""
     horizon = i1 - 1 + tk - tq if ctx.causal else tk - 1
-    return [(bj, (j0, j1)) for bj, (j0, j1) in enumerate(_blocks(tk, ctx.block_size)) if j0 <= horizon]
+    return [(bj, (j0, j1)) for bj, (j0, j1) in enumerate(blocks(tk, ctx.block_size)) if j0 <= horizon]
 
 
 def _mask_partial(ctx, s, i0: int, i1: int, j0: int, j1: int, tq: int, tk: int) -> None:
