@@ -326,8 +326,20 @@ def environment(args) -> dict:
         threads=args.threads, thread_counts=args.thread_counts,
         torch_threads=torch.get_num_threads() if torch is not None else None,
         blas="; ".join(blas) or "threadpoolctl not installed", env=env, load_start=os.getloadavg(),
-        uptime=_uptime(),
+        uptime=_uptime(), simd=simd(),
     )
+
+
+def simd() -> str:
+    """The vector instructions each library uses here: NumPy's dispatch targets this CPU supports, PyTorch's CPU
+    capability. One model name ("Intel(R) Xeon(R) Processor") has covered machines that differ in these."""
+    try:
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+        found = [t for t in __cpu_dispatch__ if __cpu_features__.get(t)]
+        ours = f"NumPy {', '.join(found) or 'baseline only'}"
+    except ImportError:
+        ours = "NumPy unknown"
+    return ours + (f"; PyTorch {torch.backends.cpu.get_cpu_capability()}" if torch is not None else "")
 
 
 def _uptime() -> str:
@@ -790,7 +802,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
       "torch.set_num_threads, and the engine's elementwise pool, tinygrad_ckpt.backend.threads), and the counts "
       "are interleaved inside the same rounds. The machine's default is "
       f"{len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else env['cores']}.")
-    w(f"- Python {env['python']}, NumPy {env['numpy']}, SciPy {env['scipy']}, PyTorch {env['torch']}.")
+    w(f"- Python {env['python']}, NumPy {env['numpy']}, SciPy {env['scipy']}, PyTorch {env['torch']}. "
+      f"Vector instructions in use: {env['simd']}.")
     w(f"- BLAS: {env['blas']}. OPENBLAS_CORETYPE={env['env']['OPENBLAS_CORETYPE']}, "
       f"OPENBLAS_L2_SIZE={env['env']['OPENBLAS_L2_SIZE']}, "
       f"OPENBLAS_THREAD_TIMEOUT={env['env']['OPENBLAS_THREAD_TIMEOUT']} (how long its idle threads spin).")
