@@ -12,7 +12,7 @@ and rebuilds the weights block by block in backward. So the bytes a block keeps 
 (the T² term is gone, not just smaller), for one extra [T, T]-sized matrix product per attention in
 backward (q kᵀ again), far less than the checkpoint segment's extra forward of the whole block; with a
 causal mask the op also skips the key blocks wholly in the future, which more than pays for it once T spans
-a few blocks (T = 128 is one block of 128: nothing to skip).
+a few blocks (T = 256 is one block of 256: nothing to skip).
 
 What you will see, measured by the ledger on a stack of nn.Blocks (forward + backward):
 1. the gradients of chunked and explicit attention agree (float64, to rounding);

@@ -26,12 +26,15 @@ from .. import backend
 from ..backend import xp
 from ..function import Function
 
-# queries and keys per block. Larger blocks mean fewer, bigger NumPy calls but larger temporaries ([B, H, block,
-# block] scores and probabilities, not kept). Forward + backward against the explicit path, 2 threads, B = 1, H = 4,
-# head_dim 64, three runs: blocks of 64 took 0.80-0.84x its time at T = 2048 and 1.04-1.15x at T = 512; blocks of
-# 128, 0.58-0.60x and 0.79-0.90x. A GPT block at (B, T, d, H) = (4, 1024, 256, 4): 64, 1.09x; 128, 0.93x. Blocks of 256
-# were no faster than 128 (at (8, 256, 256, 8): 1.09x against 1.01x).
-BLOCK_SIZE = 128
+# queries and keys per block. Larger blocks mean fewer, bigger NumPy calls and BLAS products (a product of 128 x 64
+# x 128 is too small for OpenBLAS's two threads to share well) but larger temporaries ([B, H, block, block] scores
+# and probabilities, not kept) and more work on the diagonal blocks, half of which the causal mask discards.
+# Forward + backward of one layer against the explicit path (d = 256, H = 4, B = 1, 2 threads), two runs each, on the
+# machine of 2026-12-01 (AVX-512): blocks of 256 took 1.03x its time at T = 256 and 512, 1.00-1.01x at 1024,
+# 0.62-0.64x at 2048 and 0.46-0.52x at 4096; blocks of 128, 1.05-1.06x, 1.08-1.14x, 1.06-1.20x, 0.83-1.00x and
+# 0.49-0.70x. At 1 thread the two were equal (T = 512 to 2048). At (B, T, d, H) = (8, 256, 256, 8), where 256 is one
+# block and nothing is skipped, 128 was faster (1.02x against 1.08x). On the machine before it, 128 beat 64 and 256.
+BLOCK_SIZE = 256
 
 
 def blocks(t: int, size: int) -> list:
