@@ -163,7 +163,7 @@ def test_backward_on_non_scalar_says_what_to_do(rng):
     y = x * 2.0
     with pytest.raises(RuntimeError, match=r"non-scalar tensor of shape \[2, 3\].*\.backward\(grad\).*\.sum\(\)"):
         y.backward()
-    with pytest.raises(ValueError, match=r"grad has shape \[3\], tensor has \[2, 3\]"):
+    with pytest.raises(ValueError, match=r"grad has shape \[3\], the tensor \[2, 3\]"):
         y.backward(np.ones(3))
     y.backward(np.full((2, 3), 0.5))  # with a gradient it works
     np.testing.assert_allclose(x.grad, np.ones((2, 3)))

@@ -92,7 +92,7 @@ class Function:
             out = cls.forward(ctx, *arrays, **params)
         else:
             out = segment.run(cls, name, ctx, arrays, params, inputs)
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = _as_arrays(ctx, out if isinstance(out, tuple) else (out,))
         entry = None
         if requires_grad and (segment is None or segment.records):
             edges = tuple(key_of(x) if needed else None for x, needed in zip(inputs, needs_grad))
@@ -100,14 +100,27 @@ class Function:
         if st.anomaly:
             debug.check_forward(name, outs, entry, params)
         linked = [requires_grad and i not in ctx.non_differentiable for i in range(len(outs))]
-        results = tuple(Tensor._from_op(o, rg, entry if rg else None, i) for i, (o, rg) in enumerate(zip(outs, linked)))
+        is_array = backend.current().is_array
+        results = tuple(Tensor._from_op(o, rg, entry if rg else None, i) if is_array(o) else o
+                        for i, (o, rg) in enumerate(zip(outs, linked)))  # a non-array output passes through
         if st.observer is not None:
             st.observer.on_op(cls.kind(), name, ctx, outs)  # may raise OutOfMemoryError: the entry then dies
         return results if isinstance(out, tuple) else results[0]
 
 
 def _meta(a):
-    return tuple(getattr(a, "shape", ())), getattr(a, "dtype", type(a).__name__)
+    """(shape, dtype) of an array; None for anything else (a non-array output, a Python number argument)."""
+    return (tuple(a.shape), a.dtype) if hasattr(a, "dtype") and hasattr(a, "shape") else None
+
+
+def _as_arrays(ctx, outs: tuple) -> tuple:
+    """The outputs (and saves) as backend arrays: NumPy hands back a scalar for a 0-d result, which becomes a 0-d
+    array here, once, so that an output and its save stay one buffer."""
+    as_array = backend.current().as_array
+    converted = {id(o): as_array(o) for o in outs}
+    if ctx.saved:
+        ctx.saved = {k: converted.get(id(v)) if id(v) in converted else as_array(v) for k, v in ctx.saved.items()}
+    return tuple(converted[id(o)] for o in outs)
 
 
 def _check_same_backend(op: str, arrays) -> None:

@@ -102,6 +102,8 @@ class TapeEntry:
 
 
 def _fmt_meta(meta) -> str:
+    if meta is None:
+        return "-"
     shape, dtype = meta
     return f"{list(shape)} {dtype}"
 
@@ -179,7 +181,7 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     a replayed segment), gradients reaching those tensors are collected instead and returned as the
     generator's value, and the graph behind them is not entered.
     """
-    store = _Gradients(capture)
+    store = _Gradients(capture, seeds=grads)
     store.add_all([key_of(t) for t in tensors], grads)
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
@@ -196,19 +198,50 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
             yield entry
             if state.breakpoints and debug.should_break(entry):
                 debug.enter_debugger(entry)
-            grad_ins = entry.fn.call_backward(entry.ctx, grad_outs)
+            grad_ins = checked_gradients(entry, entry.fn.call_backward(entry.ctx, grad_outs))
             del grad_outs
             if state.local.anomaly:
                 debug.check_backward(entry, grad_ins)
+            held = () if not retain_graph else entry.ctx.saved.values()
             if not retain_graph:
                 entry.release()
             if observer is not None:
                 observer.on_backward_done(entry, grad_ins)
-            store.add_all(entry.inputs, grad_ins)
+            store.add_all(entry.inputs, grad_ins, held)
             grad_ins = None  # drop our references now, so consumed gradients free at once
     if state.breakpoints and capture is None:
         debug.report_unfired()
     return store.captured
+
+
+def checked_gradients(entry, grad_ins) -> tuple:
+    """What an entry's backward returned, as PyTorch's engine takes it: one gradient (or None) per input, each a
+    backend array of its input's shape (a gradient the input broadcast to is summed down to it) in its input's
+    dtype (cast, as PyTorch casts). Anything else raises, naming the op and the input's index."""
+    fn = entry.fn.__name__
+    if len(grad_ins) > len(entry.inputs) and all(g is None for g in grad_ins[len(entry.inputs):]):
+        grad_ins = grad_ins[:len(entry.inputs)]  # extra Nones (an optional input left out) are allowed, as in PyTorch
+    if len(grad_ins) != len(entry.inputs):
+        raise RuntimeError(f"{fn}.backward ('{entry.name}') returned {len(grad_ins)} gradient(s), expected "
+                           f"{len(entry.inputs)}: one per input of forward (None for an input without one)")
+    be = backend.current()
+    out = []
+    for i, (g, edge, meta) in enumerate(zip(grad_ins, entry.inputs, entry.in_meta)):
+        if g is None or edge is None:  # no gradient, or an input that needs none: dropped, as in PyTorch
+            out.append(None)
+            continue
+        g = be.as_array(g)
+        shape, dtype = meta
+        if not be.is_array(g):
+            raise TypeError(f"{fn}.backward ('{entry.name}') returned a {type(g).__name__} as the gradient of input "
+                            f"{i}; return a {be.name} array of shape {list(shape)} (or None)")
+        if tuple(g.shape) != shape:
+            if not backend.broadcasts_to(shape, tuple(g.shape)):
+                raise RuntimeError(f"{fn}.backward ('{entry.name}') returned an invalid gradient at index {i}: got "
+                                   f"{list(g.shape)} but expected shape compatible with {list(shape)}")
+            g = backend.unbroadcast(g, shape)
+        out.append(g if g.dtype == dtype else g.astype(dtype))
+    return tuple(out)
 
 
 def run(steps):
@@ -224,16 +257,19 @@ class _Gradients:
     """Where gradients wait during one backward: by edge until their entry runs, in leaves' `.grad`,
     or captured for the caller.
 
-    The first gradient into a key may be an array someone else also holds (add passes grad_out to
-    both inputs), so it is never added into; the first sum allocates, later sums add in place.
+    Whether an array may be added into is decided in one place, `_private`: only an array this backward
+    made (a sum it allocated, or an op's fresh result) that no one else can hold, never the caller's seed
+    nor an array routed to two places (add passes its grad_out to both inputs) nor a view.
     """
 
-    def __init__(self, capture):
+    def __init__(self, capture, seeds=()):
         self.capture = capture
         self.pending: dict = {}
         self.captured: dict = {}
-        self.owned: set = set()  # keys whose array this backward allocated (safe to add into)
-        self.handed: set[int] = set()  # ids of arrays already given to a leaf as its .grad
+        self.routed: dict[int, weakref.ref] = {}  # arrays seen once already (held elsewhere too), by identity
+        self.owned: set[int] = set()  # sums this backward allocated: private, add into them
+        for g in seeds:
+            self._mark(g)
 
     def __repr__(self) -> str:
         waiting = ", ".join(f"{edge_name(k)}.grad" for k in list(self.pending)[:4])
@@ -241,43 +277,67 @@ class _Gradients:
         captured = f"; {len(self.captured)} captured for the caller" if self.capture is not None else ""
         return f"<gradients waiting for their entry: {len(self.pending)} ({waiting}{more}){captured}>"
 
+    def _mark(self, g) -> bool:
+        """Remember that g has been routed; True if it had been already (weakly: a new array may reuse an id)."""
+        seen = self.routed.get(id(g))
+        self.routed[id(g)] = weakref.ref(g)
+        return seen is not None and seen() is g
+
+    def _private(self, g) -> bool:
+        """May backward add into g in place? (Decided once, when g is routed: see the class.)"""
+        if id(g) in self.owned:
+            return True
+        return not self._mark(g) and backend.current().owns_data(g)
+
     def pop_outputs(self, entry):
         grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
         if all(g is None for g in grads):
             return None
+        self.owned.difference_update(id(g) for g in grads)  # the entry's backward may pass them on: shared now
         zeros = backend.xp().zeros
-        return [g if g is not None else zeros(shape, dtype=dtype) for g, (shape, dtype) in zip(grads, entry.out_meta)]
+        return [g if g is not None or meta is None else zeros(meta[0], dtype=meta[1])
+                for g, meta in zip(grads, entry.out_meta)]
 
-    def add_all(self, keys, grads) -> None:
-        """Route the gradients an entry's backward produced (a loop in the generator would keep the last alive)."""
+    def add_all(self, keys, grads, held=()) -> None:
+        """Route the gradients an entry's backward produced (a loop in the generator would keep the last alive).
+        `held`: arrays the entry still holds (its saves): a gradient that is one of them is shared."""
+        given = [g for g in grads if g is not None]
+        if len({id(g) for g in given}) < len(given):  # one array returned for two inputs: neither may add into it
+            for g in given:
+                self._mark(g)
+        is_array = backend.current().is_array
+        for a in held:
+            if is_array(a):
+                self._mark(a)
         for key, g in zip(keys, grads):
             self.add(key, g)
 
     def add(self, key, g) -> None:
         if key is None or g is None:
             return
-        if isinstance(key, tuple):  # a tensor an op made
-            captured = self.capture is not None and key in self.capture
-            self._sum(self.captured if captured else self.pending, key, g)
-            return
-        leaf = key()
-        if leaf is None:
-            return
+        private = self._private(g)
         if self.capture is not None and key in self.capture:
-            self._sum(self.captured, key, g)
+            self._sum(self.captured, key, g, private)
+        elif isinstance(key, tuple):  # a tensor an op made: its gradient waits for its entry
+            self._sum(self.pending, key, g, private)
         else:
-            leaf._accumulate_grad(g, shared=id(g) in self.handed)
-            self.handed.add(id(g))
+            leaf = key()
+            if leaf is not None:
+                leaf._accumulate_grad(g if private else g.copy())
 
-    def _sum(self, where: dict, key, g) -> None:
+    def _sum(self, where: dict, key, g, private: bool) -> None:
         if key not in where:
             where[key] = g
-        elif key in self.owned:
-            where[key] += g
-        else:
-            total = where[key] + g
-            observer = state.local.observer
-            if observer is not None:
-                observer.on_alloc(total, "gradient", f"{edge_name(key)}.grad")
-            where[key] = total
-            self.owned.add(key)
+            if private:
+                self.owned.add(id(g))
+            return
+        total = where[key]
+        if id(total) in self.owned:
+            total += g
+            return
+        total = total + g
+        observer = state.local.observer
+        if observer is not None:
+            observer.on_alloc(total, "gradient", f"{edge_name(key)}.grad")
+        where[key] = total
+        self.owned.add(id(total))

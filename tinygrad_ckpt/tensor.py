@@ -35,7 +35,7 @@ def _as_array(data, dtype):
 class Tensor:
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
-    __slots__ = ("data", "requires_grad", "name", "_grad", "_grad_owned", "_uid", "_entry", "_index", "__weakref__")
+    __slots__ = ("data", "requires_grad", "name", "_grad", "_uid", "_entry", "_index", "__weakref__")
     is_parameter = False
 
     def __init__(self, data, requires_grad: bool = False, name: str | None = None, dtype=None):
@@ -50,7 +50,6 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.name = None
         self._grad = None
-        self._grad_owned = False  # True once .grad is an array autograd allocated (safe to add into)
         self._uid = next(_uids)
         self._entry, self._index = entry, index
 
@@ -82,7 +81,7 @@ class Tensor:
                 raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} {self.dtype}, got "
                                  f"{list(value.shape)} {value.dtype}.")
             observe.alloc(value, "gradient", f"{label}.grad")
-        self._grad, self._grad_owned = value, False
+        self._grad = value
 
     @property
     def is_leaf(self) -> bool:
@@ -114,23 +113,32 @@ class Tensor:
                     "to a scalar first (e.g. .sum() or .mean())."
                 )
             grad = backend.xp().ones(self.shape, dtype=self.dtype)
-        elif isinstance(grad, Tensor):
-            grad = grad.data
-        if tuple(grad.shape) != tuple(self.shape):
-            raise ValueError(f"backward(): grad has shape {list(grad.shape)}, tensor has {list(self.shape)}")
+        else:
+            grad = self._seed(grad)
         return backward_steps([self], [grad], retain_graph)
 
-    def _accumulate_grad(self, g, shared: bool = False) -> None:
-        """self.grad += g without aliasing. A gradient that is shared (handed to another leaf too, or a
-        view of someone else's buffer) is copied before it becomes `.grad`; the first sum into `.grad`
-        allocates, later ones add in place."""
+    def _seed(self, grad):
+        """The gradient a caller passed to backward(), as PyTorch takes it: the same shape, cast to this dtype."""
+        be = backend.current()
+        grad = be.as_array(grad.data if isinstance(grad, Tensor) else grad)
+        if not be.is_array(grad):
+            if not isinstance(grad, (int, float, list, tuple, np.ndarray)) or isinstance(grad, bool):
+                raise TypeError(f"backward(grad): grad must be a {be.name} array or a Tensor of shape "
+                                f"{list(self.shape)}, got {type(grad).__name__}")
+            grad = be.asarray(grad)
+        if tuple(grad.shape) != self.shape:
+            raise ValueError(f"backward(grad): grad has shape {list(grad.shape)}, the tensor {list(self.shape)}; "
+                             "pass the gradient of the loss with respect to this tensor, of its shape")
+        return grad if grad.dtype == self.dtype else grad.astype(self.dtype)
+
+    def _accumulate_grad(self, g) -> None:
+        """self.grad += g, as PyTorch's AccumulateGrad: the first gradient becomes `.grad` (backward hands over
+        an array it made and no one else holds: tape._Gradients decides), later ones add into it in place."""
         if self._grad is None:
-            self.grad = g.copy() if shared or not backend.current().owns_data(g) else g
-        elif self._grad_owned:
-            self._grad += g
+            observe.alloc(g, "gradient", f"{self.name or 'tensor'}.grad")
+            self._grad = g
         else:
-            self.grad = self._grad + g
-            self._grad_owned = True
+            self._grad += g
 
     def detach(self) -> Tensor:
         """Same data (no copy), cut from the graph."""

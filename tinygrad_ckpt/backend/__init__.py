@@ -59,6 +59,26 @@ def use_backend(name: str) -> Backend:
     return _current
 
 
+def unbroadcast(grad, shape):
+    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting (leading axes, then size-1 axes)."""
+    shape = tuple(shape)
+    if tuple(grad.shape) == shape:
+        return grad
+    extra = len(grad.shape) - len(shape)
+    axes = tuple(range(extra)) + tuple(
+        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1
+    )
+    grad = grad.sum(axis=axes, keepdims=True) if axes else grad
+    return grad.reshape(shape)
+
+
+def broadcasts_to(shape, target) -> bool:
+    """Can an array of `shape` be broadcast to `target` (NumPy's rule, read from the right)?"""
+    if len(shape) > len(target):
+        return False
+    return all(n == m or n == 1 for n, m in zip(reversed(shape), reversed(target)))
+
+
 def backend_of(a) -> str | None:
     """Name of the backend an array belongs to, or None for Python scalars."""
     if isinstance(a, np.ndarray):

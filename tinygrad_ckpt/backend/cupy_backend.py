@@ -27,6 +27,9 @@ class CupyBackend(Backend):
             a = a.base
         return a, a.data.mem.size
 
+    def as_array(self, a):
+        return self._cupy.asarray(a) if isinstance(a, np.generic) else a
+
     def owns_data(self, a) -> bool:
         return a.base is None
 

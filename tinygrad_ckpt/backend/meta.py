@@ -699,6 +699,9 @@ class MetaBackend(Backend):
     def is_array(self, a) -> bool:
         return isinstance(a, MetaArray) and not isinstance(a, MetaScalar)
 
+    def as_array(self, a):
+        return MetaArray((), a.dtype) if isinstance(a, MetaScalar) else a
+
     def buffer(self, a):
         owner = a.base if a.base is not None else a
         return owner, owner.nbytes

@@ -28,6 +28,11 @@ class Backend:
             a = a.base
         return a, a.nbytes
 
+    def as_array(self, a):
+        """`a` as an array of this backend: a NumPy scalar (what NumPy returns for a 0-d result) becomes a 0-d
+        array, which holds bytes the ledger counts, as PyTorch's 0-d tensors do; anything else is returned as is."""
+        return np.asarray(a) if isinstance(a, np.generic) else a
+
     def owns_data(self, a) -> bool:
         """True if `a` is a writeable array owning its memory (not a view or a broadcast)."""
         return a.base is None and a.flags.writeable

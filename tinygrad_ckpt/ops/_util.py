@@ -5,20 +5,7 @@ from __future__ import annotations
 import math
 
 from .. import backend
-from ..backend import xp
-
-
-def unbroadcast(grad, shape):
-    """Sum `grad` down to `shape`: the adjoint of NumPy broadcasting (leading axes, then size-1 axes)."""
-    shape = tuple(shape)
-    if tuple(grad.shape) == shape:
-        return grad
-    extra = len(grad.shape) - len(shape)
-    axes = tuple(range(extra)) + tuple(
-        extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1
-    )
-    grad = grad.sum(axis=axes, keepdims=True) if axes else grad
-    return grad.reshape(shape)
+from ..backend import unbroadcast, xp  # noqa: F401  (unbroadcast: ops import it from here)
 
 
 def numel(shape) -> int:
