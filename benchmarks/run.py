@@ -85,8 +85,8 @@ from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
 from tinygrad_ckpt.backend import threads  # noqa: E402
 from tinygrad_ckpt.backend.erf import erf_float32, gelu_float32  # noqa: E402
-from tinygrad_ckpt.checkpoint import Segment  # noqa: E402
 from tinygrad_ckpt.function import Context  # noqa: E402
+from tinygrad_ckpt.replay_check import Observations  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 try:
@@ -541,21 +541,21 @@ def bench_ckpt(cfg, args) -> dict:
 
 
 def check_seconds(step, reps: int = 5) -> float:
-    """Seconds per step the value check adds: the time inside `Segment._observe` (each op's observation, in the
-    checkpointed forward and in the replay: fingerprints and their bookkeeping) with determinism_check="values"
-    minus with "metadata", the two alternated. Timed directly: a difference of two noisy step times cannot
-    resolve a few per cent on a shared machine. `step(check)` runs one checkpointed step."""
+    """Seconds per step the value check adds: the time inside `replay_check.Observations.on_op` (each op's
+    observation, in the checkpointed forward and in the replay: fingerprints and their bookkeeping) with
+    determinism_check="values" minus with "metadata", the two alternated. Timed directly: a difference of two
+    noisy step times cannot resolve a few per cent on a shared machine. `step(check)` runs one checkpointed step."""
     spent = {"values": 0.0, "metadata": 0.0}
-    original = Segment._observe
+    original = Observations.on_op
 
     def timed(self, *args, **kwargs):
         t0 = time.perf_counter()
         try:
             return original(self, *args, **kwargs)
         finally:
-            spent[self.check] += time.perf_counter() - t0
+            spent["values" if self.values else "metadata"] += time.perf_counter() - t0
 
-    Segment._observe = timed
+    Observations.on_op = timed
     try:
         for check in spent:  # warm
             step(check)
@@ -564,7 +564,7 @@ def check_seconds(step, reps: int = 5) -> float:
             for check in ("values", "metadata"):
                 step(check)
     finally:
-        Segment._observe = original
+        Observations.on_op = original
     return (spent["values"] - spent["metadata"]) / reps
 
 
@@ -714,7 +714,7 @@ def bench_fixes(shape, args) -> list:
     fixes = []
 
     def ctx(n=1):
-        return Context(tuple([True] * n), saving=True)
+        return Context(tuple([True] * n), (None,) * n, saving=True)
 
     # LayerNorm backward
     xhat = (xe - xe.mean(-1, keepdims=True)) / xe.std(-1, keepdims=True)

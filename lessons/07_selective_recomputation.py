@@ -15,8 +15,8 @@ Solves"): the activations are not alike: "the attention weights alone contribute
 proportional to T²", and every nonlinear op keeps its own dependency. Measured here: which saves are
 big and cheap to recompute, which are small and costly, and what a per-op policy buys.
 
-Read: tinygrad_ckpt/checkpoint.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, Segment._keep
-and _replay_op, Kept), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
+Read: tinygrad_ckpt/policies.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, KeepByPolicy
+and ServeKept, Kept), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
 tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms).
 
 Run: python lessons/07_selective_recomputation.py [--quick] [--out figures]
@@ -36,6 +36,7 @@ from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import backend, estimate, nn, plots
+from tinygrad_ckpt.policies import KeepByPolicy
 
 SLUG = "07_selective_recomputation"
 POLICIES = (("save_nothing", tg.save_nothing), ("save_matmuls", tg.save_matmuls),
@@ -126,28 +127,23 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
 def kept_arrays(entry) -> list[tuple[str, str, tuple, int]]:
     """What a checkpoint entry holds after the forward: (op, array, shape, bytes), each buffer once.
 
-    Keys are "input0" (the block's input) and "kept<i>.<key>" for op i of the segment kept by the
-    policy; the segment's observations name op i. Two ops of one name (attention's two matmuls, q·kᵀ then
-    weights·v) are told apart as "#1" and "#2", in the order they ran."""
+    Its saves are "input0" (the block's input) and the arrays the policy kept, each owned by an op of the
+    segment and playing a role there (a save's name, or "out0" for its output: `KeepByPolicy.owners`). Two
+    ops of one name (attention's two matmuls, q·kᵀ then weights·v) are told apart as "#1" and "#2", in the
+    order they ran."""
     be = backend.current()
-    observed = entry.ctx.replay.segment.observed
-    names = [observed[i].name.removeprefix("transformer.h.0.") for i in sorted(observed)]
-    label = {}
-    for i, name in zip(sorted(observed), names):
-        nth = names[:sorted(observed).index(i) + 1].count(name)
-        label[i] = f"{name}#{nth}" if names.count(name) > 1 else name
+    keep = next(f for f in entry.ctx.replay.features if isinstance(f, KeepByPolicy))
+    owners = keep.owners()
+    ops = [name.removeprefix("transformer.h.0.") for name, *_ in entry.ctx.replay.segment.ops]
+    label = {i: f"{name}#{ops[:i + 1].count(name)}" if ops.count(name) > 1 else name for i, name in enumerate(ops)}
     seen, out = set(), []
     for key, a in entry.ctx.saved.items():
         owner, nbytes = be.buffer(a)
         if id(owner) in seen:
             continue
         seen.add(id(owner))
-        if key.startswith("kept"):
-            index, what = key[len("kept"):].split(".", 1)
-            op = label[int(index)]
-        else:
-            op, what = "(block input)", key
-        out.append((op, what, tuple(a.shape), int(nbytes)))
+        kept, role = owners.get(key, (None, key))
+        out.append((label[kept.index] if kept else "(block input)", role, tuple(a.shape), int(nbytes)))
     return out
 
 

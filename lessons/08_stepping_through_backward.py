@@ -15,7 +15,7 @@ memory until its gradient has been computed", as backward walks the graph in rev
 tape entry at a time, including a checkpoint entry that recomputes before it can free.
 
 Read: tinygrad_ckpt/tape.py (backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
-(break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.call_backward: the replay into a private graph).
+(break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.input_grads: the replay into a private graph).
 
 Run: python lessons/08_stepping_through_backward.py [--quick] [--out figures]
      python -m pdb lessons/08_stepping_through_backward.py --quick --break softmax   (interactive)
@@ -47,9 +47,9 @@ def sizes(quick: bool) -> dict:
 
 
 def replay_line() -> tuple[str, int]:
-    """(file, line) in Checkpoint.call_backward just after the replay, where `outputs` hold the replayed graph."""
-    lines, start = inspect.getsourcelines(Checkpoint.call_backward)
-    path = inspect.getsourcefile(Checkpoint.call_backward)
+    """(file, line) in Checkpoint.input_grads just after the replay, where `outputs` hold the replayed graph."""
+    lines, start = inspect.getsourcelines(Checkpoint.input_grads)
+    path = inspect.getsourcefile(Checkpoint.input_grads)
     for i, line in enumerate(lines):
         if "replay.run(" in line:
             return path, start + i + 1
@@ -61,13 +61,14 @@ def pdb_recipes(line: int) -> dict[str, list[tuple[str, str, str]]]:
     its output matches at --quick sizes). tests/test_pdb_recipes.py types them exactly as printed."""
     return {
         "softmax": [
-            ("w", "where: inside Checkpoint.call_backward, block 1's softmax is REPLAYED", r"call_backward"),
+            ("w", "where: inside Checkpoint.input_grads, block 1's softmax is REPLAYED", r"input_grads"),
             ("p entry", "the tape entry: op, scoped name, shapes, what it saved",
              r"transformer\.h\.1\.attn\.softmax \[softmax\]"),
             ("p entry.ctx", "what it kept for backward: its output only", r"saved=\{out: \[2, 2, 8, 8\] float32\}"),
             ("p [g.shape for g in grad_outs]", "the gradient arriving from the op above", r"\[\(2, 2, 8, 8\)\]"),
-            ("p observer.live_bytes('activation')", "the ledger (this thread's observer), counted now", r"^\d+"),
-            ("n", "run this entry's backward (grad_ins = entry.fn.call_backward(...))", r"del grad_outs"),
+            ("p observers", "who watches this thread: the breakpoints and the ledger", r"Ledger \(recording\)"),
+            ("p observers[1].live_bytes('activation')", "the ledger, counted now", r"^\d+"),
+            ("n", "run this entry's backward (grad_ins = ... input_grads(...))", r"del grad_outs"),
             ("p [g.shape for g in grad_ins]", "what it returned: one gradient per input", r"\[\(2, 2, 8, 8\)\]"),
             ("c", "on to block 0's softmax, on the main tape", r"stopping before the backward of transformer\.h\.0"),
             ("p entry.name", "", r"'transformer\.h\.0\.attn\.softmax'"),
@@ -78,12 +79,12 @@ def pdb_recipes(line: int) -> dict[str, list[tuple[str, str, str]]]:
             ("p entry.ctx.saved.keys()", "what it kept: only the block's input", r"dict_keys\(\['input0'\]\)"),
             ("p entry.ctx.replay", "how backward will run block 1 again",
              r"<replay of transformer\.h\.1: 1 argument\(s\), its RNG state>"),
-            ("s", "step into Checkpoint.call_backward", r"--Call--"),
+            ("s", "step into Checkpoint.input_grads", r"--Call--"),
             (f"b {line}", "a breakpoint just after the replay", rf"Breakpoint 1 at .*checkpoint\.py:{line}"),
-            ("c", "the replay runs: its ops are the ledger's phase 'recompute'", r"call_backward\(\)"),
+            ("c", "the replay runs: its ops are the ledger's phase 'recompute'", r"input_grads\(\)"),
             ("p outputs[0].tape()", "the replayed graph: block 1's entries, each saving again",
              r"Tape with \d+ entries"),
-            ("p [e.phase for e in state.local.observer.events[-3:]]", "the ledger's latest events", r"'recompute'"),
+            ("p [e.phase for e in state.local.observers[1].events[-3:]]", "the ledger's latest events", r"'recompute'"),
             ("c", "run to the end of the lesson", r"wrote "),
         ],
     }

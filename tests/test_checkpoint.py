@@ -85,7 +85,7 @@ def test_forward_keeps_only_inputs_and_one_entry():
     tape = y.tape()
     assert [e.op for e in tape.entries] == ["checkpoint"]
     entry = tape.entries[0]
-    assert list(entry.ctx.saved) == ["input0"] and entry.ctx.replay.rng == tg.get_rng_state()
+    assert list(entry.ctx.saved) == ["input0"] and entry.ctx.replay.segment.rng == tg.get_rng_state()
     assert entry.saved_bytes() == x.nbytes
     assert "checkpoint" in repr(entry)
     y.sum().backward()
@@ -261,7 +261,7 @@ def test_a_one_bit_difference_in_a_save_is_caught():
     y = tg.checkpoint(nudged, x)
     with pytest.raises(tg.CheckpointError, match=r"diverged at op 'mul' \(mul\): saved 'b' \[1000000\] float64"):
         y.sum().backward()
-    from tinygrad_ckpt.checkpoint import _checksum
+    from tinygrad_ckpt.replay_check import checksum as _checksum
     assert _checksum(np.zeros(3), np) != _checksum(np.array([0.0, -0.0, 0.0]), np)
     assert _checksum(np.arange(5, dtype=np.float32), np) == _checksum(np.arange(5, dtype=np.float32), np)  # 20 bytes
     base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -287,17 +287,18 @@ def test_a_drift_the_output_sample_misses_is_caught_at_the_next_save():
 
 
 def test_saved_views_are_fingerprinted_by_their_buffer_and_views_are_not_sampled(monkeypatch):
-    from tinygrad_ckpt.checkpoint import _checksum, _Fingerprints
+    from tinygrad_ckpt.replay_check import Observations
+    from tinygrad_ckpt.replay_check import checksum as _checksum
 
     qkv = np.arange(2 * 4 * 12, dtype=np.float32).reshape(2, 4, 12)
     q, k, v = qkv[..., :4], qkv[..., 4:8].swapaxes(-1, -2), qkv[..., 8:]
-    prints = _Fingerprints()
+    prints = Observations(values=True, start=0)
     assert prints.full(q) == prints.full(k) == prints.full(v) == _checksum(qkv, np)  # one in-order read
     big = np.arange(1000, dtype=np.float32)
     assert prints.full(big[:10]) == _checksum(big[:10], np)  # a small part of a big buffer: read alone
     sampled = []  # the arrays whose bits a sample reads
-    module = sys.modules["tinygrad_ckpt.checkpoint"]
-    monkeypatch.setattr(module, "_checksum", lambda a, xp, sample=False: (sampled.append(a) if sample else None)
+    module = sys.modules["tinygrad_ckpt.replay_check"]
+    monkeypatch.setattr(module, "checksum", lambda a, xp, sample=False: (sampled.append(a) if sample else None)
                         or _checksum(a, xp, sample))
     y = tg.checkpoint(lambda a: (a.transpose(1, 0) * 2.0).reshape(15), tg.Tensor(np.ones((3, 5)), requires_grad=True))
     y.sum().backward()

@@ -236,9 +236,9 @@ def test_a_data_write_is_caught_under_detect_anomaly():
     w = tg.Tensor(np.array([3.0, 4.0]), name="w")
     with tg.detect_anomaly():
         y = (x * w).sum()
-    w.data[...] = 0.0  # behind the engine's back: only the fingerprint can see it
-    with pytest.raises(RuntimeError, match=r"saved 'b' \[2\] float64.*values changed"):
-        y.backward()
+        w.data[...] = 0.0  # behind the engine's back: only the fingerprint can see it
+        with pytest.raises(RuntimeError, match=r"saved 'b' \[2\] float64.*values changed"):
+            y.backward()
 
 
 # ---- faults leave nothing behind ------------------------------------------------------------------
@@ -362,7 +362,7 @@ def test_keyboard_interrupt_inside_a_replay_affects_only_its_graph(traced):
         assert led.live_bytes("activation") == 0
     for n, p in block.named_parameters():
         np.testing.assert_array_equal(p.grad, expected[n], err_msg=n)
-    assert tg.state.local.segment is None and tg.state.local.prefix == "" and tg.state.local.grad_enabled
+    assert tg.state.local.observers == [] and tg.state.local.prefix == "" and tg.state.local.grad_enabled
 
 
 def test_an_exception_inside_a_segment_leaves_the_thread_state_clean():

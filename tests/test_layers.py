@@ -14,11 +14,12 @@ LAYERS = [
     {"units", "palette"},  # import nothing
     {"state", "planner", "estimate"},  # per-thread state; pure formulas and plans
     {"backend"},  # numpy, cupy, meta: the only code that knows an array library
-    {"observe", "debug"},  # the observer slot; pdb and anomaly checks
+    {"observe"},  # the observers: how tools watch the engine
     {"tape"},  # entries, graphs, the backward loop
     {"tensor", "function", "ops"},  # the circle: Tensor <-> ops
-    {"functional", "optim"},
-    {"checkpoint"},  # a client of the core
+    {"functional", "optim", "debug"},  # debug: pdb breakpoints and anomaly checks, observers
+    {"policies", "early_stop", "replay_check"},  # the checkpoint's features, each an observer of its segment
+    {"checkpoint"},  # a client of the core: the segment operator
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"parallel", "explorer", "memory_viz"},  # one device's shard of a parallel GPT; the ledger's HTML page and
     # memory_viz snapshot, from plain event data
@@ -30,7 +31,7 @@ LAYERS = [
     {"cli"},
 ]
 CIRCLE = {"tensor", "function", "ops"}
-CORE = {"units", "state", "backend", "observe", "debug", "tape", "tensor", "function", "ops"}
+CORE = {"units", "state", "backend", "observe", "tape", "tensor", "function", "ops"}
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 

@@ -13,19 +13,11 @@ if "numpy" not in _sys.modules:  # OpenBLAS reads this once, as NumPy loads it (
 
 from . import debug, functional, nn, optim
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
-from .checkpoint import (
-    CheckpointError,
-    Decision,
-    Policy,
-    checkpoint,
-    checkpoint_sequential,
-    korthikanti_selective,
-    save_matmuls,
-    save_nothing,
-)
+from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
 from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
+from .policies import Decision, Policy, korthikanti_selective, save_matmuls, save_nothing
 from .state import enable_grad, name_scope, no_grad
 from .tape import Tape, TapeEntry
 from .tapeview import draw_tape, print_saved

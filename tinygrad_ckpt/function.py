@@ -12,34 +12,43 @@
 
 `Function.apply` is the only place that unwraps Tensors into arrays and wraps results back. An op
 is recorded (a `TapeEntry` is made) when gradients are enabled and some input requires grad; only
-then does `ctx.save` keep anything, so an op run under `no_grad` saves nothing at all.
-
-A checkpointed segment has one hook on the ops it runs: while `state.local.segment` is set, apply
-asks it to run the forward (`segment.run(fn, name, ctx, arrays, params, inputs)`), and records an
-entry only if `segment.records` (a segment's first forward keeps nothing; its replay records).
+then does `ctx.save` keep anything, so an op run under `no_grad` saves nothing at all. Each call is an
+`OpCall` record, which this thread's observers see before and after the forward (observe.py).
 """
 
 from __future__ import annotations
 
-from . import backend, debug, state
+from . import backend, state
 from .tape import TapeEntry, key_of
 from .tensor import Tensor
 
 
 class Context:
-    """Per-call scratch space: `save(name=array)` for backward, plus plain attributes the op sets."""
+    """Per-call scratch space: `save(name=array)` for backward, plus plain attributes the op sets.
 
-    def __init__(self, needs_input_grad: tuple, saving: bool):
+    What every op may read: `needs_input_grad` (per input), `in_shapes` (per input: its shape, None for a
+    non-array), `saving` (saves are kept), `flops` = (forward, backward), which the op sets."""
+
+    def __init__(self, needs_input_grad: tuple, in_shapes: tuple, saving: bool):
         self.needs_input_grad = needs_input_grad
+        self.in_shapes = in_shapes
         self.saving = saving
         self.saved: dict = {}
-        self.flops = (0, 0)  # (forward, backward) floating-point operations, set by the op
+        self.flops = (0, 0)
         self.non_differentiable = ()  # indices of outputs that never require grad
 
     def save(self, **arrays) -> None:
         """Keep arrays for backward (only when the op is being recorded)."""
         if self.saving:
             self.saved.update(arrays)
+
+    def attributes(self) -> dict:
+        """The plain values the op's forward set on the Context (shapes, flags, flops): a checkpoint's replay that
+        serves an op instead of running it gives them back with `set_attributes`."""
+        return {k: v for k, v in vars(self).items() if k not in _CORE}
+
+    def set_attributes(self, values: dict) -> None:
+        vars(self).update(values)
 
     def mark_non_differentiable(self, *indices: int) -> None:
         """These outputs never require grad (e.g. integer results)."""
@@ -50,11 +59,40 @@ class Context:
         return f"Context(saved={{{saves}}}, flops={self.flops})"
 
 
+_CORE = ("needs_input_grad", "in_shapes", "saving", "saved")
+
+
+class OpCall:
+    """One op being applied, as observers see it: the Function, its scoped name, the inputs (Tensors and
+    constants) and their arrays, its keyword parameters and Context; `record` (make a tape entry, when a
+    gradient can flow) and `served` (outputs an observer hands back instead of running forward, and
+    `served_by`, that observer), which observers may change in on_op_start; `entry` once recorded."""
+
+    __slots__ = ("fn", "name", "inputs", "arrays", "params", "ctx", "record", "served", "served_by", "entry")
+
+    def __init__(self, fn, inputs: tuple, params: dict):
+        st = state.local
+        self.fn, self.name, self.inputs, self.params = fn, st.prefix + fn.kind(), inputs, params
+        self.arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
+        _check_same_backend(fn.kind(), self.arrays)
+        needs = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
+        self.record = any(needs)
+        self.ctx = Context(needs, tuple(getattr(a, "shape", None) for a in self.arrays), self.record)
+        self.served = self.served_by = self.entry = None
+
+    @property
+    def scope(self) -> str:
+        """The module path the op ran in ("transformer.h.3.mlp"; "" at the top)."""
+        return self.name.rpartition(".")[0]
+
+    def __repr__(self) -> str:
+        return f"<call of {self.name} [{self.fn.kind()}]{' (recorded)' if self.record else ''}>"
+
+
 class Function:
     """Base class of every op. Subclasses define `forward(ctx, *arrays, **params)` and `backward`."""
 
     op: str = ""  # op kind shown on the tape; defaults to the lower-cased class name
-    begins_early = False  # True: its caller told the observer when it began (a checkpoint, before its segment)
 
     @staticmethod
     def forward(ctx, *arrays, **params):
@@ -65,7 +103,7 @@ class Function:
         raise NotImplementedError
 
     @classmethod
-    def call_backward(cls, ctx, grad_outs: list) -> tuple:
+    def input_grads(cls, ctx, grad_outs: list) -> tuple:
         """What the backward loop calls: `backward(ctx, *grad_outs)` as a tuple, one gradient per input.
         (A Function that replays a segment overrides this, to free `grad_outs` as soon as it can.)"""
         grad_ins = cls.backward(ctx, *grad_outs)
@@ -78,49 +116,44 @@ class Function:
     @classmethod
     def apply(cls, *inputs, **params):
         """Unwrap the inputs, run forward on raw arrays, record an entry if a gradient can flow, wrap the outputs."""
-        st = state.local
-        arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
-        _check_same_backend(cls.kind(), arrays)
-        needs_grad = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
-        requires_grad = any(needs_grad)
-        ctx = Context(needs_grad, saving=requires_grad)
-        name = st.prefix + cls.kind()
-        if st.observer is not None and not cls.begins_early:
-            st.observer.on_op_start()
-        segment = st.segment
-        if segment is None:
-            out = cls.forward(ctx, *arrays, **params)
-        else:
-            out = segment.run(cls, name, ctx, arrays, params, inputs)
-        outs = _as_arrays(ctx, out if isinstance(out, tuple) else (out,))
-        entry = None
-        if requires_grad and (segment is None or segment.records):
-            edges = tuple(key_of(x) if needed else None for x, needed in zip(inputs, needs_grad))
-            entry = TapeEntry(cls, name, ctx, edges, tuple(map(_meta, arrays)), tuple(map(_meta, outs)))
-        if st.anomaly:
-            debug.check_forward(name, outs, entry, params)
-        linked = [requires_grad and i not in ctx.non_differentiable for i in range(len(outs))]
-        is_array = backend.current().is_array
-        results = tuple(Tensor._from_op(o, rg, entry if rg else None, i) if is_array(o) else o
-                        for i, (o, rg) in enumerate(zip(outs, linked)))  # a non-array output passes through
-        if st.observer is not None:
-            st.observer.on_op(cls.kind(), name, ctx, outs)  # may raise OutOfMemoryError: the entry then dies
-        return results if isinstance(out, tuple) else results[0]
+        call = OpCall(cls, inputs, params)
+        observers = state.local.observers
+        for o in reversed(observers):
+            o.on_op_start(call)  # an observer may stop it recording, or serve it (a checkpoint's replay)
+        out = cls.forward(call.ctx, *call.arrays, **params) if call.served is None else call.served
+        outputs = _wrap(call, out)
+        for o in reversed(observers):
+            o.on_op(call, outputs)  # may raise OutOfMemoryError: the entry then dies
+        return outputs
+
+
+def _wrap(call: OpCall, out):
+    """The forward's results as Tensors on the tape: an entry recorded if `call.record` (else what the op saved dies
+    with its Context), NumPy's scalars made 0-d arrays (their saves too, once, so an output and its save stay one
+    buffer); a non-array output passes through."""
+    ctx, be = call.ctx, backend.current()
+    outs = out if isinstance(out, tuple) else (out,)
+    arrays = {id(o): be.as_array(o) for o in outs}
+    outs = tuple(arrays[id(o)] for o in outs)
+    if ctx.saved:
+        ctx.saved = {k: arrays[id(v)] if id(v) in arrays else be.as_array(v) for k, v in ctx.saved.items()}
+    if call.record:
+        edges = tuple(key_of(x) if needed else None for x, needed in zip(call.inputs, ctx.needs_input_grad))
+        call.entry = TapeEntry(call.fn, call.name, ctx, edges, tuple(map(_meta, call.arrays)), tuple(map(_meta, outs)))
+    results = tuple(_tensor(o, call, i, be) for i, o in enumerate(outs))
+    return results if isinstance(out, tuple) else results[0]
+
+
+def _tensor(o, call: OpCall, i: int, be):
+    if not be.is_array(o):
+        return o
+    linked = any(call.ctx.needs_input_grad) and i not in call.ctx.non_differentiable
+    return Tensor._from_op(o, linked, call.entry if linked else None, i)
 
 
 def _meta(a):
     """(shape, dtype) of an array; None for anything else (a non-array output, a Python number argument)."""
     return (tuple(a.shape), a.dtype) if hasattr(a, "dtype") and hasattr(a, "shape") else None
-
-
-def _as_arrays(ctx, outs: tuple) -> tuple:
-    """The outputs (and saves) as backend arrays: NumPy hands back a scalar for a 0-d result, which becomes a 0-d
-    array here, once, so that an output and its save stay one buffer."""
-    as_array = backend.current().as_array
-    converted = {id(o): as_array(o) for o in outs}
-    if ctx.saved:
-        ctx.saved = {k: converted.get(id(v)) if id(v) in converted else as_array(v) for k, v in ctx.saved.items()}
-    return tuple(converted[id(o)] for o in outs)
 
 
 def _check_same_backend(op: str, arrays) -> None:

@@ -50,8 +50,7 @@ _PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
 
 def current() -> Ledger | None:
     """The ledger active in this thread, or None."""
-    observer = state.local.observer
-    return observer if isinstance(observer, Ledger) else None
+    return next((o for o in state.local.observers if isinstance(o, Ledger)), None)
 
 
 class OutOfMemoryError(RuntimeError):
@@ -116,6 +115,7 @@ class Ledger(Observer):
     def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False):
         self.capacity_bytes = capacity_bytes  # validated by the property below
         self._entered = False
+        self._observers = None  # while recording: the observer list of the thread that entered it
         self.trace_numpy = trace_numpy  # record tracemalloc's NumPy bytes at every op boundary
         self.events: list[Event] = []
         self.ops: list[dict] = []  # one slice per op: name, op, phase, step, t0, t1, flops
@@ -130,14 +130,16 @@ class Ledger(Observer):
         self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
         self._next_buffer = 0
         self._phase_stack: list[tuple[str, float]] = []  # (phase, when it began)
-        self.spans: list[dict] = []  # one per phase run (a backward, a replay, an optimizer step): name, t0, t1
+        self._span_stack: list[float] = []  # when each open span began
+        self.spans: list[dict] = []  # one per phase run (a backward, a replay, an optimizer step) or named span (a
+        # checkpointed segment's forward): name, phase, t0, t1
         self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
         self._t0 = time.perf_counter()
         self._starts: list[tuple] = []  # per op begun and not yet recorded: (time, live bytes, traced bytes)
         self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
 
     def __repr__(self) -> str:
-        status = "recording" if state.local.observer is self else ("done" if self._entered else "not started")
+        status = "recording" if self._observers is not None else ("done" if self._entered else "not started")
         capacity = f", capacity {format_bytes(self.capacity_bytes)}" if self.capacity_bytes is not None else ""
         return (f"<Ledger ({status}): {len(self.events)} events, {len(self.ops)} ops, "
                 f"peak {format_bytes(self.peak_total)}{capacity}>")
@@ -166,18 +168,21 @@ class Ledger(Observer):
     def __enter__(self) -> Ledger:
         if self._entered:
             raise RuntimeError("this Ledger has recorded already: a Ledger records one `with` block; make a new one")
-        if state.local.observer is not None:
-            raise RuntimeError(f"this thread is already observed by {state.local.observer!r}: one Ledger per thread "
+        if current() is not None:
+            raise RuntimeError(f"this thread is already observed by {current()!r}: one Ledger per thread "
                                "at a time (nesting is refused); exit the first one before entering another")
         self._entered = True
-        state.local.observer = self
+        self._observers = state.local.observers  # the entering thread's list: exiting elsewhere still leaves it
+        self._observers.append(self)
         self._t0 = time.perf_counter()
         gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
         self._scan_existing()
         return self
 
     def __exit__(self, *exc) -> None:
-        state.local.observer = None
+        if self._observers is not None and self in self._observers:
+            self._observers.remove(self)
+        self._observers = None
         for buf in self._buffers.values():
             if buf.finalizer is not None:
                 buf.finalizer.detach()
@@ -200,7 +205,7 @@ class Ledger(Observer):
                     for k, a in obj.state.get(id(p), {}).items():
                         self.track(a, "optimizer", obj.state_name(p, k), action="existing")
             elif issubclass(kind, TapeEntry) and obj.ctx.saved:
-                self.on_save(obj.name, obj.ctx.saved, action="existing")
+                self._save(obj.name, obj.ctx.saved, action="existing")
 
     # ---- phases --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -218,6 +223,14 @@ class Ledger(Observer):
     def end_phase(self, name: str) -> None:
         name, t0 = self._phase_stack.pop()
         self.spans.append({"name": name, "phase": name, "t0": t0 - self._t0, "t1": time.perf_counter() - self._t0})
+
+    def begin_span(self, label: str) -> None:
+        self._span_stack.append(time.perf_counter())
+
+    def end_span(self, label: str) -> None:
+        t0 = self._span_stack.pop()
+        self.spans.append({"name": label, "phase": self.current_phase, "t0": t0 - self._t0,
+                           "t1": time.perf_counter() - self._t0})
 
     @property
     def current_phase(self) -> str:
@@ -294,8 +307,11 @@ class Ledger(Observer):
         if life is not None:
             life.released = self.step
 
-    def on_save(self, name: str, saved: dict, action: str = "saved") -> None:
-        """The tape now holds these arrays for backward (an op's ctx.save)."""
+    def on_save(self, holder, saved: dict) -> None:
+        """`holder` (a tape entry, or what a checkpoint's policy kept) now holds these arrays for backward."""
+        self._save(_holder_name(holder), saved)
+
+    def _save(self, name: str, saved: dict, action: str = "saved") -> None:
         if action == "saved" and self.current_phase == "recompute":
             action = "recomputed"
         for key, a in saved.items():
@@ -309,8 +325,9 @@ class Ledger(Observer):
                 self._lifetimes[buf.id] = Lifetime(f"{name}:{key}", buf.nbytes, tuple(a.shape), str(a.dtype),
                                                    buf.id, self.step)
 
-    def on_release(self, name: str, saved: dict) -> None:
+    def on_release(self, holder, saved: dict) -> None:
         """The tape let go of these arrays (the entry's backward ran, or the tape was dropped)."""
+        name = _holder_name(holder)
         be = backend.current()
         for key, a in saved.items():
             if not be.is_array(a):
@@ -326,7 +343,7 @@ class Ledger(Observer):
     def on_alloc(self, array, category: str, name: str) -> None:
         self.track(array, category, name)
 
-    def on_op_start(self) -> None:
+    def on_op_start(self, call) -> None:
         """An op begins (a checkpoint's begins before the ops of its segment, so its slice wraps theirs)."""
         traced = 0
         if self.trace_numpy and tracemalloc.is_tracing():
@@ -334,15 +351,17 @@ class Ledger(Observer):
             traced = tracemalloc.get_traced_memory()[0]
         self._starts.append((time.perf_counter(), self._total, traced))
 
-    def on_op(self, kind: str, name: str, ctx, outputs) -> None:
+    def on_op(self, call, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
+        kind, name, ctx = call.fn.kind(), call.name, call.ctx
         phase = self.current_phase
         transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
             transient = tracemalloc.get_traced_memory()[1] - self._starts[-1][2]
-        for out in outputs:
-            self.track(out, "other", name)
-        self.on_save(name, ctx.saved, action="restored" if getattr(ctx, "served", False) else "saved")
+        for out in outputs if isinstance(outputs, tuple) else (outputs,):
+            self.track(getattr(out, "data", out), "other", name)
+        if call.entry is not None:
+            self._save(name, ctx.saved, action="restored" if getattr(call.served_by, "restores", False) else "saved")
         self._record_op(kind, name, phase, ctx.flops[0], transient)
 
     def on_backward(self, entry) -> None:
@@ -599,6 +618,13 @@ def _path(method: str, path):
     if not isinstance(path, (str, os.PathLike)):
         raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__}")
     return path
+
+
+def _holder_name(holder) -> str:
+    """How events name what a holder keeps: a tape entry by its op's scoped name; an op a checkpoint's policy kept
+    by that name and the reason."""
+    reason = getattr(holder, "reason", None)
+    return f"{holder.name}[kept: {reason}]" if reason is not None else holder.name
 
 
 @functools.cache

@@ -18,10 +18,10 @@ import time
 import numpy as np
 
 from . import backend, nn, optim
-from .checkpoint import korthikanti_selective
 from .estimate import GPTShape
 from .ledger import Ledger
 from .planner import LayerCost
+from .policies import korthikanti_selective
 
 
 @contextlib.contextmanager

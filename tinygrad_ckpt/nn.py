@@ -17,6 +17,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
+from .checkpoint import run_checkpointed
 from .state import name_scope
 from .tensor import Parameter, Tensor
 
@@ -346,11 +347,5 @@ class GPT(Module):
         return logits, loss
 
     def run_blocks(self, x):
-        """Run the blocks, checkpointed as `self.checkpoint` says."""
-        if self.checkpoint is None:
-            for block in self.transformer.h:
-                x = block(x)
-            return x
-        from .checkpoint import run_checkpointed
-
+        """Run the blocks, checkpointed as `self.checkpoint` says (checkpoint.run_checkpointed)."""
         return run_checkpointed(list(self.transformer.h), x, self.checkpoint)

@@ -1,23 +1,32 @@
-"""The observer slot: how a tool (the Ledger) watches the engine without reaching into it.
+"""Observers: how tools watch the engine (and a checkpointed segment steers its ops) without the core knowing them.
 
-The core never imports the tool. It calls these methods on `state.local.observer` (one slot per
-thread) when something is installed there, and does nothing otherwise:
+Each thread has a list of observers (`state.local.observers`, newest last); `observing(o)` adds one for
+a `with` block. The core calls these methods on every observer of the thread, newest first, and does
+nothing else for them:
 
     on_alloc(array, category, name)       the engine now holds this buffer: a tensor made by the user
                                           ("other" or "parameter"), a .grad or a summed gradient
                                           ("gradient"), an optimizer state ("optimizer")
-    on_op_start()                         an op's forward or backward is about to run
-    on_op(kind, name, ctx, outputs)       an op's forward ran: `ctx.saved` is what it keeps for backward,
-                                          `ctx.flops` its cost; may raise (a capacity exceeded)
-    on_save(name, arrays) / on_release(name, arrays)
-                                          arrays kept for backward from now / no longer (an entry's
-                                          backward ran, or its graph was dropped)
-    on_backward(entry)                    entry's backward is about to run
+    on_op_start(call)                     an op is about to run; `call` (function.OpCall) says which, on
+                                          what, under which name. An observer may set `call.record =
+                                          False` (no tape entry: a segment's first forward) or
+                                          `call.served = outputs`, with `call.ctx.saved`, to serve the op
+                                          instead of running it (a checkpoint's replay)
+    on_op(call, outputs)                  its forward ran: `call.entry` is its tape entry (None when not
+                                          recorded), `call.ctx.saved` what it keeps for backward (if
+                                          recorded), `call.ctx.flops` its cost; may raise (a capacity exceeded)
+    on_save(holder, arrays) / on_release(holder, arrays)
+                                          arrays kept for backward from now / no longer, by a tape entry or
+                                          another holder with the same fields (op, name): an entry's backward
+                                          ran, its graph was dropped, a policy kept an op's saves
+    on_backward(entry)                    entry's backward is about to run (pdb stops here: tg.debug)
     on_backward_done(entry, grad_ins)     it ran; `grad_ins` are the gradients it produced; may raise
     on_update(kind, name, flops)          an update outside the tape ran (an optimizer step on parameter
-                                          `name`), after on_op_start; may raise
+                                          `name`), after on_op_start(None); may raise
     begin_phase(name) / end_phase(name)   the events in between belong to a phase ("backward",
                                           "recompute", "optimizer"); phases nest
+    begin_span(label) / end_span(label)   what runs in between is one named stretch of the phase it is in
+                                          (a checkpointed segment's forward)
 
 `Observer` below does nothing; subclass it and override what you need.
 """
@@ -32,13 +41,13 @@ from . import state
 class Observer:
     def on_alloc(self, array, category: str, name: str) -> None: ...
 
-    def on_op_start(self) -> None: ...
+    def on_op_start(self, call) -> None: ...
 
-    def on_op(self, kind: str, name: str, ctx, outputs) -> None: ...
+    def on_op(self, call, outputs) -> None: ...
 
-    def on_save(self, name: str, arrays: dict) -> None: ...
+    def on_save(self, holder, arrays: dict) -> None: ...
 
-    def on_release(self, name: str, arrays: dict) -> None: ...
+    def on_release(self, holder, arrays: dict) -> None: ...
 
     def on_backward(self, entry) -> None: ...
 
@@ -50,41 +59,89 @@ class Observer:
 
     def end_phase(self, name: str) -> None: ...
 
+    def begin_span(self, label: str) -> None: ...
+
+    def end_span(self, label: str) -> None: ...
+
+
+class SegmentObserver(Observer):
+    """An observer of one checkpointed segment's forward or replay (checkpoint.py and its features). It is made
+    just before the segment runs, and is told about the ops of checkpoints nested inside too: `mine()` says
+    whether the op at hand is one of its own segment's."""
+
+    def __init__(self):
+        self.depth = state.local.segments + 1
+
+    def mine(self) -> bool:
+        return state.local.segments == self.depth
+
+
+def observers() -> list:
+    """This thread's observers, newest first (the order the core tells them in)."""
+    return state.local.observers[::-1]
+
+
+@contextlib.contextmanager
+def observing(observer: Observer):
+    """Tell `observer` about this thread's engine while the block runs (newest first, before older ones)."""
+    stack = state.local.observers
+    stack.append(observer)
+    try:
+        yield observer
+    finally:
+        stack.remove(observer)
+
 
 @contextlib.contextmanager
 def phase(name: str):
-    """Tell this thread's observer (if any) that what runs inside belongs to phase `name`."""
-    observer = state.local.observer
-    if observer is None:
-        yield
-        return
-    observer.begin_phase(name)
+    """Tell this thread's observers that what runs inside belongs to phase `name`."""
+    watching = observers()
+    for o in watching:
+        o.begin_phase(name)
     try:
         yield
     finally:
-        observer.end_phase(name)
+        for o in watching:
+            o.end_phase(name)
 
 
-def op_start() -> None:
-    """Tell this thread's observer (if any) that an op begins (one that records itself later: a checkpoint)."""
-    observer = state.local.observer
-    if observer is not None:
-        observer.on_op_start()
+@contextlib.contextmanager
+def span(label: str):
+    """Tell this thread's observers that what runs inside is one named stretch (it stays in its phase)."""
+    watching = observers()
+    for o in watching:
+        o.begin_span(label)
+    try:
+        yield
+    finally:
+        for o in watching:
+            o.end_span(label)
 
 
 def alloc(array, category: str, name: str) -> None:
-    """Tell this thread's observer (if any) that the engine now holds `array`."""
-    observer = state.local.observer
-    if observer is not None:
-        observer.on_alloc(array, category, name)
+    """Tell this thread's observers that the engine now holds `array`."""
+    for o in observers():
+        o.on_alloc(array, category, name)
+
+
+def saved(holder, arrays: dict) -> None:
+    """Tell this thread's observers that `holder` keeps `arrays` for backward from now."""
+    for o in observers():
+        o.on_save(holder, arrays)
+
+
+def released(holder, arrays: dict) -> None:
+    """Tell this thread's observers that `holder` no longer keeps `arrays`."""
+    for o in observers():
+        o.on_release(holder, arrays)
 
 
 @contextlib.contextmanager
 def update(kind: str, name: str, flops: int):
-    """Tell this thread's observer (if any) that what runs inside updates `name` in place, costing `flops`."""
-    observer = state.local.observer
-    if observer is not None:
-        observer.on_op_start()
+    """Tell this thread's observers that what runs inside updates `name` in place, costing `flops`."""
+    watching = observers()
+    for o in watching:
+        o.on_op_start(None)
     yield
-    if observer is not None:
-        observer.on_update(kind, name, flops)
+    for o in watching:
+        o.on_update(kind, name, flops)

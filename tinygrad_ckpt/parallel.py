@@ -28,6 +28,7 @@ import numpy as np
 
 from . import backend, nn
 from . import functional as F
+from .checkpoint import run_checkpointed
 from .estimate import GPTShape
 from .function import Function
 from .tensor import Parameter
@@ -263,8 +264,6 @@ class DeviceShard(nn.Module):
         self.shape, self.par, self.checkpoint = shape, par, checkpoint
 
     def forward(self, idx, targets=None):
-        from .checkpoint import run_checkpointed
-
         tr, t = self.transformer, self.par.tensor
         B, T = idx.shape
         x = tr.wte(idx) + tr.wpe(backend.xp().arange(T))  # [B, T, d] (the vocabulary-parallel sum is all-reduced)
@@ -272,19 +271,13 @@ class DeviceShard(nn.Module):
             x = ScatterSequence.apply(x, parts=t)  # [B, T/t, d]
         x = tr.drop(x)
         blocks = list(tr.h)
-        x = run_checkpointed(blocks, x, self.checkpoint) if self.checkpoint is not None else _run(blocks, x)
+        x = run_checkpointed(blocks, x, self.checkpoint)
         if self.par.pipeline > 1:
             return x, None
         logits = self.lm_head(tr.ln_f(x))  # [B, T, V/t]: this device's slice of the vocabulary
         # the vocabulary-parallel loss as one device computes it: targets are ids within this device's slice
         loss = F.cross_entropy(logits.reshape(B * T, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
-
-
-def _run(blocks, x):
-    for block in blocks:
-        x = block(x)
-    return x
 
 
 __all__ = ["Parallelism", "DeviceShard", "ShardedBlock", "GatherLinear", "ReduceScatter", "ScatterSequence"]

@@ -115,15 +115,16 @@ class Plan:
         """Indices p whose input x_p a top-level checkpoint keeps during the first forward."""
         return [s.start for s in self.segments if s.checkpoint]
 
-    def run(self, blocks, x, run_checkpointed):
-        """blocks over x, segment by segment: a plain segment block by block, a checkpointed one through
-        `run_checkpointed(chunk, segment, x)` (this engine's checkpoint, or PyTorch's)."""
-        for seg in self.segments:
-            chunk = blocks[seg.start:seg.stop]
-            if seg.checkpoint:
-                x = run_checkpointed(chunk, seg, x)
+    def run(self, blocks, x, checkpoint):
+        """The blocks over x, segment by segment: a plain segment block by block, a checkpointed one as one call
+        `checkpoint(chunk, x)`, where `chunk` (a `Chunk`) runs the segment's blocks by its inner plan. Every model
+        runs its blocks through here: the engine's (tg.checkpoint), its parallel shards, PyTorch's
+        (torch.utils.checkpoint)."""
+        for segment in self.segments:
+            if segment.checkpoint:
+                x = checkpoint(Chunk(blocks, segment, checkpoint), x)
             else:
-                for block in chunk:
+                for block in blocks[segment.start:segment.stop]:
                     x = block(x)
         return x
 
@@ -133,6 +134,27 @@ class Plan:
 
     def __str__(self) -> str:
         return self.describe()
+
+
+class Chunk:
+    """The blocks of one checkpointed segment as one callable: run by the segment's inner plan (plainly without
+    one, nested checkpoints with one), named after its blocks ("transformer.h.4", "transformer.h.4-7") on the
+    tape and in tracebacks."""
+
+    def __init__(self, blocks, segment: Segment, checkpoint):
+        self.blocks, self.segment, self.checkpoint = blocks, segment, checkpoint
+        first, last = (getattr(blocks[i], "_name", "") for i in (segment.start, segment.stop - 1))
+        span = f"{segment.start}:{segment.stop}"
+        many = segment.stop - segment.start > 1
+        self._name = (f"{first}-{last.rsplit('.', 1)[-1]}" if many else first) if first else f"blocks.{span}"
+        self.__name__ = f"blocks[{span}]"
+
+    def __repr__(self) -> str:
+        return f"<blocks {self._name}>"
+
+    def __call__(self, x):
+        inner = self.segment.inner or Plan([Segment(self.segment.start, self.segment.stop)])
+        return inner.run(self.blocks, x, self.checkpoint)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -5,35 +5,36 @@ other's settings:
 
     grad_enabled   ops record entries when an input requires grad (off inside `no_grad()`)
     prefix         the name scope as a dotted prefix ("h.3.mlp."); ops are named prefix + kind
-    segment        the checkpointed segment whose ops run now, or None (the one hook a segment
-                   has on ops: see `Function.apply`)
-    observer       who is told about buffers, saves and ops (a Ledger), or None (see observe.py)
-    anomaly        `detect_anomaly()` is on: NaN/Inf checks and fingerprints of saved arrays
+    observers      who is told about ops, saves, buffers and backward steps, newest last: a Ledger, a
+                   checkpointed segment, anomaly checks, breakpoints (see observe.py)
+    segments       how many checkpointed segments run now, one inside another (forwards or replays): a
+                   segment's observers act on the ops of their own depth only
     seed, counter  the random-number state: draw n uses a generator seeded with [seed, n]
 
-A new thread starts with gradients on, no scope, no observer and seed 0.
+A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
+(tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
 
-Per process: the breakpoints of `tg.debug`, the sequence number every entry gets when recorded,
-and the record of buffers changed in place (each change also takes a sequence number, so an entry
-knows a saved buffer changed after it was recorded when the change's number is larger).
+Per process: the creation number of every tensor, the sequence number every entry gets when
+recorded, and the record of buffers changed in place (each change also takes a sequence number, so
+an entry knows a saved buffer changed after it was recorded when the change's number is larger).
 """
 
 from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import threading
 import weakref
+
+thread_start: list = []  # factories of the observers every new thread starts with
 
 
 class ThreadState(threading.local):
     def __init__(self):
         self.grad_enabled = True
         self.prefix = ""
-        self.segment = None
-        self.observer = None
-        self.anomaly = False
+        self.observers: list = [make() for make in thread_start]
+        self.segments = 0
         self.seed, self.counter = 0, 0
 
     def __repr__(self) -> str:
@@ -43,10 +44,14 @@ class ThreadState(threading.local):
 
 local = ThreadState()
 
-breakpoints: list[str] = [p for p in os.environ.get("TINYGRAD_CKPT_BREAK", "").split(",") if p]
-
-_sequence = itertools.count()  # next() is atomic in CPython: safe across threads
+_tensors = itertools.count()  # next() is atomic in CPython: safe across threads
+_sequence = itertools.count()
 changed: dict[int, tuple[int, int, str]] = {}  # id(buffer) -> (sequence number, version, tensor name)
+
+
+def next_tensor() -> int:
+    """The creation number of a new tensor: a checkpoint tells tensors made inside it from older ones."""
+    return next(_tensors)
 
 
 def next_sequence() -> int:
@@ -63,6 +68,12 @@ def mark_changed(buffer, name: str) -> int:
     version = (previous[1] if previous else 0) + 1
     changed[key] = (next_sequence(), version, name)
     return version
+
+
+def changed_since(buffer, seq: int):
+    """(sequence number, version, tensor name) of the last in-place change to `buffer` if it came after `seq`."""
+    change = changed.get(id(buffer))
+    return change if change is not None and change[0] > seq else None
 
 
 @contextlib.contextmanager

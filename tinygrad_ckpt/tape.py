@@ -21,14 +21,14 @@ from __future__ import annotations
 import os
 import weakref
 
-from . import backend, debug, observe, state
+from . import backend, observe, state
 from .units import format_bytes
 
 
 class TapeEntry:
     """One recorded op: what ran, under which name, reading which tensors, and what it saved."""
 
-    __slots__ = ("seq", "op", "name", "fn", "ctx", "inputs", "in_meta", "out_meta", "released", "fingerprints")
+    __slots__ = ("seq", "op", "name", "fn", "ctx", "inputs", "in_meta", "out_meta", "released", "__weakref__")
 
     def __init__(self, fn, name: str, ctx, inputs: tuple, in_meta: tuple, out_meta: tuple):
         self.seq = state.next_sequence()  # recording order, across all graphs
@@ -36,7 +36,6 @@ class TapeEntry:
         self.inputs = inputs  # per input: (entry, output index) | weakref to a leaf | None
         self.in_meta, self.out_meta = in_meta, out_meta  # (shape, dtype) per input / output
         self.released = False  # True once backward consumed the saves
-        self.fingerprints = None  # under detect_anomaly: a checksum per saved array
 
     def saved_bytes(self) -> int:
         """Bytes this entry's saved arrays occupy (views of one buffer counted once)."""
@@ -46,14 +45,12 @@ class TapeEntry:
         """Drop the saved arrays (after this entry's backward ran, or when the graph is dropped)."""
         saved = self.ctx.saved
         if saved:
-            observer = state.local.observer
-            if observer is not None:
-                observer.on_release(self.name, saved)
+            observe.released(self, saved)
             self.ctx.saved = {}
             self.released = True
 
-    def __del__(self):  # the graph was dropped: tell the observer its saves are gone too
-        if self.ctx.saved and state.local.observer is not None:
+    def __del__(self):  # the graph was dropped: tell the observers its saves are gone too
+        if self.ctx.saved and state.local.observers:
             self.release()
 
     def check_saves(self) -> None:
@@ -67,17 +64,9 @@ class TapeEntry:
         if state.changed:
             be = backend.current()
             for key, a in self.ctx.saved.items():
-                if be.is_array(a):
-                    change = state.changed.get(id(be.buffer(a)[0]))
-                    if change is not None and change[0] > self.seq:
-                        raise RuntimeError(
-                            f"'{self.name}' [{self.op}] saved '{key}' {_fmt_meta((a.shape, a.dtype))} for backward, "
-                            f"but tensor '{change[2]}' that holds it was changed in place afterwards (now at version "
-                            f"{change[1]}), e.g. by an optimizer step or an in-place method. Run backward() before "
-                            "changing it, or run the forward pass again."
-                        )
-        if self.fingerprints is not None:
-            debug.check_fingerprints(self)
+                change = state.changed_since(be.buffer(a)[0], self.seq) if be.is_array(a) else None
+                if change is not None:
+                    raise RuntimeError(changed_error(self.name, self.op, f"saved '{key}'", a, change))
 
     def input_names(self) -> list[str]:
         return [edge_name(edge) for edge in self.inputs]
@@ -99,6 +88,13 @@ class TapeEntry:
                               if hasattr(v, "shape")) or "nothing"
             saves += f" ({format_bytes(self.saved_bytes())})"
         return f"{self.name} [{self.op}] ({ins}) -> ({outs}) saves {saves}"
+
+
+def changed_error(name: str, op: str, what: str, a, change) -> str:
+    """The message for an array an op kept (or read) that was changed in place since (PyTorch's rule)."""
+    return (f"'{name}' [{op}] {what} {_fmt_meta((a.shape, a.dtype))} for backward, but tensor '{change[2]}' that "
+            f"holds it was changed in place afterwards (now at version {change[1]}), e.g. by an optimizer step or an "
+            "in-place method. Run backward() before changing it, or run the forward pass again.")
 
 
 def _fmt_meta(meta) -> str:
@@ -186,31 +182,25 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
     grads.clear()
-    observer = state.local.observer
+    observers = state.local.observers
     with observe.phase("backward"):
         for entry in reversed(entries):
             grad_outs = store.pop_outputs(entry)
             if grad_outs is None:
                 continue  # no gradient flows through this entry
             entry.check_saves()
-            if observer is not None:
-                observer.on_backward(entry)
             yield entry
-            if state.breakpoints and debug.should_break(entry):
-                debug.enter_debugger(entry)
-            grad_ins = checked_gradients(entry, entry.fn.call_backward(entry.ctx, grad_outs))
+            for o in reversed(observers):
+                o.on_backward(entry)  # tg.debug.break_before opens pdb here, before the backward runs
+            grad_ins = checked_gradients(entry, entry.fn.input_grads(entry.ctx, grad_outs))
             del grad_outs
-            if state.local.anomaly:
-                debug.check_backward(entry, grad_ins)
-            held = () if not retain_graph else entry.ctx.saved.values()
+            held = entry.ctx.saved.values() if retain_graph else ()
             if not retain_graph:
                 entry.release()
-            if observer is not None:
-                observer.on_backward_done(entry, grad_ins)
+            for o in reversed(observers):
+                o.on_backward_done(entry, grad_ins)
             store.add_all(entry.inputs, grad_ins, held)
             grad_ins = None  # drop our references now, so consumed gradients free at once
-    if state.breakpoints and capture is None:
-        debug.report_unfired()
     return store.captured
 
 
@@ -336,8 +326,6 @@ class _Gradients:
             total += g
             return
         total = total + g
-        observer = state.local.observer
-        if observer is not None:
-            observer.on_alloc(total, "gradient", f"{edge_name(key)}.grad")
+        observe.alloc(total, "gradient", f"{edge_name(key)}.grad")
         where[key] = total
         self.owned.add(id(total))

@@ -18,6 +18,7 @@ import weakref
 from dataclasses import dataclass
 
 from . import backend
+from .replay_check import Observations
 from .tensor import Tensor
 from .units import format_bytes
 
@@ -115,10 +116,16 @@ KIND_COLORS = {"parameter": "#4C72B0", "input": "#A5A5A5", "activation": "#C44E5
 
 
 def _interior(entry) -> list[str]:
-    """For a checkpoint entry: one line per op its segment ran and will replay (what it would have saved)."""
-    segment = getattr(getattr(entry.ctx, "replay", None), "segment", None)
+    """For a checkpoint entry: one line per op its segment ran and will replay (and what it would have saved,
+    as its replay check observed it)."""
+    replay = getattr(entry.ctx, "replay", None)
+    if replay is None:
+        return []
+    check = next((f for f in replay.features if isinstance(f, Observations)), None)
+    if check is None:
+        return [f"{name} [{kind}]" for name, kind, *_ in replay.segment.ops]
     lines = []
-    for obs in getattr(segment, "observed", {}).values():
+    for obs in check.observed:
         saves = ", ".join(f"{key} {list(shape)}" for key, shape, _, _ in obs.saves)
         lines.append(f"{obs.name} [{obs.op}]" + (f" would save {saves}" if saves else ""))
     return lines

@@ -11,14 +11,10 @@ an entry that saved the old values refuses to run backward; `x += y` builds a ne
 
 from __future__ import annotations
 
-import itertools
-
 import numpy as np
 
 from . import backend, observe, state
 from .tape import Tape, backward_steps, graph, run
-
-_uids = itertools.count()  # creation order: a checkpoint tells tensors made inside it from older ones
 
 
 def _as_array(data, dtype):
@@ -50,13 +46,8 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.name = None
         self._grad = None
-        self._uid = next(_uids)
+        self._uid = state.next_tensor()  # creation order: a checkpoint tells tensors made inside it from older ones
         self._entry, self._index = entry, index
-
-    @staticmethod
-    def _next_uid() -> int:
-        """The creation number the next tensor will have, or later (a checkpoint marks where it began)."""
-        return next(_uids)
 
     @classmethod
     def _from_op(cls, data, requires_grad: bool, entry, index: int) -> Tensor:

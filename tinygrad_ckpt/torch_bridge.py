@@ -37,7 +37,7 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import planner
-from .checkpoint import Policy
+from .policies import Policy
 
 aten = torch.ops.aten
 
@@ -188,39 +188,23 @@ class TorchGPT(torch.nn.Module):
 def run_blocks(blocks, x, spec):
     """Run `blocks` over x as the engine's GPT(checkpoint=spec) would: None (plainly), "every_layer", "sqrt",
     an int k (k segments), a planner Plan (nested plans nest checkpoints) or a Policy (every block
-    checkpointed with selective activation checkpointing deciding op by op)."""
+    checkpointed with selective activation checkpointing deciding op by op), through planner.Plan.run."""
+    n = len(blocks)
     if spec is None:
-        for block in blocks:
-            x = block(x)
-        return x
+        return planner.no_checkpoint_plan(n).run(blocks, x, None)
     if isinstance(spec, Policy):
-        for block in blocks:
-            x = torch_checkpoint.checkpoint(_Region([block]), x, use_reentrant=False,
-                                            context_fn=lambda: selective_contexts(spec))
-        return x
-    return _run_plan(blocks, x, planner.plan_for(len(blocks), spec, owner="TorchGPT"))
-
-
-def _run_plan(blocks, x, plan: planner.Plan):
-    def checkpointed(chunk, seg, x):
-        inner = None if seg.inner is None else _shifted(seg.inner, seg.start)
-        return torch_checkpoint.checkpoint(_Region(chunk, inner), x, use_reentrant=False)
-
-    return plan.run(blocks, x, checkpointed)
-
-
-def _shifted(plan: planner.Plan, offset: int) -> planner.Plan:
-    return planner.Plan([planner.Segment(s.start - offset, s.stop - offset, s.checkpoint,
-                                         None if s.inner is None else _shifted(s.inner, offset))
-                         for s in plan.segments])
+        return planner.every_layer_plan(n).run(blocks, x, lambda chunk, x: torch_checkpoint.checkpoint(
+            _Region(chunk), x, use_reentrant=False, context_fn=lambda: selective_contexts(spec)))
+    plan = planner.plan_for(n, spec, owner="TorchGPT")
+    return plan.run(blocks, x, lambda chunk, x: torch_checkpoint.checkpoint(_Region(chunk), x, use_reentrant=False))
 
 
 class _Region:
     """The function a torch checkpoint runs: blocks (by an inner plan, if any). Its first call is the forward;
     later calls are replays. While a `SavedBytes` meter is active it reports what the region keeps."""
 
-    def __init__(self, blocks, inner: planner.Plan | None = None):
-        self.blocks, self.inner, self.calls = blocks, inner, 0
+    def __init__(self, chunk: planner.Chunk):
+        self.chunk, self.calls = chunk, 0
 
     def __call__(self, x):
         replay, self.calls = self.calls > 0, self.calls + 1
@@ -241,11 +225,7 @@ class _Region:
             meter.region = outer
 
     def _run(self, x):
-        if self.inner is not None:
-            return _run_plan(self.blocks, x, self.inner)
-        for block in self.blocks:
-            x = block(x)
-        return x
+        return self.chunk(x)
 
 
 # aten op -> the engine's op kind (inside a Linear module, a matrix product is "linear")

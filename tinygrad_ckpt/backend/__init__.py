@@ -72,6 +72,13 @@ def unbroadcast(grad, shape):
     return grad.reshape(shape)
 
 
+def zeros_view(shape, dtype):
+    """An array of zeros of `shape` that holds no memory of its own (one 0-d zero, broadcast): a stand-in for an
+    output nothing reads."""
+    xp = _current.xp
+    return xp.broadcast_to(xp.zeros((), dtype=dtype), shape)
+
+
 def broadcasts_to(shape, target) -> bool:
     """Can an array of `shape` be broadcast to `target` (NumPy's rule, read from the right)?"""
     if len(shape) > len(target):
