@@ -8,6 +8,8 @@ and the second step's loss and gradients are bit-equal to the first's.
 
 from __future__ import annotations
 
+import signal
+
 import numpy as np
 import pytest
 
@@ -239,6 +241,8 @@ def test_bad_input_raises_clearly_and_breaks_nothing(gpt, call, kind, pattern):
         call(model, idx)
     st = state.local
     assert (st.grad_enabled, st.prefix, st.segment, st.observer, st.anomaly) == (True, "", None, None, False)
+    assert state.breakpoints == [] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert tg.backend.current().name == "numpy"
     loss2, grads2 = training_step(model, idx)
     assert loss2 == loss
     for k in grads:
