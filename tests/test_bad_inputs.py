@@ -188,6 +188,26 @@ CASES = [
     ("gpt_checkpoint_switch", lambda m, i: nn.GPT(8, 4, 1, 2, 8, checkpoint="sometimes")(np.zeros((1, 4), np.int64)),
      ValueError, r"GPT\(checkpoint='sometimes'\)"),
     # ---- optimizers
+    ("adamw_tied_parameter_twice", lambda m, i: optim.AdamW([m.lm_head.weight, m.transformer.wte.weight]),
+     ValueError, r"AdamW: parameter 'transformer\.wte\.weight' \[32, 16\] appears twice \(positions 0 and 1\).*"
+                 r"model\.parameters\(\)"),
+    ("sgd_same_parameter_twice", lambda m, i: optim.SGD(m.parameters() + m.parameters()[:1]), ValueError,
+     r"SGD: parameter 'transformer\.wte\.weight' .*appears twice"),
+    ("sgd_params_module", lambda m, i: optim.SGD(m), TypeError,
+     r"SGD: params must be .*got GPT .*model\.parameters\(\)"),
+    ("sgd_params_one_tensor", lambda m, i: optim.SGD(m.lm_head.weight), TypeError,
+     r"SGD: params must be an iterable of Tensors, got one Tensor 'transformer\.wte\.weight'"),
+    ("sgd_params_set", lambda m, i: optim.SGD(set(m.parameters())), TypeError, r"SGD: params .*got set \(a set has no"),
+    ("sgd_params_none", lambda m, i: optim.SGD(None), TypeError, r"SGD: params .*got NoneType"),
+    ("sgd_param_groups", lambda m, i: optim.SGD([{"params": m.parameters()}]), TypeError,
+     r"SGD: parameter groups \(dicts\) are not supported"),
+    ("sgd_non_leaf", lambda m, i: optim.SGD([leaf(3) * 2.0]), ValueError, r"SGD: can't optimize a non-leaf Tensor"),
+    ("adamw_lr_nan", lambda m, i: optim.AdamW(m.parameters(), lr=float("nan")), ValueError, r"AdamW: invalid lr nan"),
+    ("adamw_lr_bool", lambda m, i: optim.AdamW(m.parameters(), lr=True), ValueError, r"AdamW: invalid lr True"),
+    ("adamw_lr_numpy_negative", lambda m, i: optim.AdamW(m.parameters(), lr=np.float32(-0.5)), ValueError,
+     r"AdamW: invalid lr .*-0\.5"),
+    ("adamw_state_dtype", lambda m, i: optim.AdamW(m.parameters(), state_dtype=np.int32), ValueError,
+     r"AdamW: invalid state_dtype .*int32.*floating-point dtype"),
     ("adamw_negative_lr", lambda m, i: optim.AdamW(m.parameters(), lr=-1), ValueError, r"AdamW: invalid lr -1"),
     ("adamw_beta_one", lambda m, i: optim.AdamW(m.parameters(), betas=(1.0, 0.999)), ValueError,
      r"AdamW: invalid betas \(1\.0, 0\.999\).*\[0, 1\)"),
@@ -318,3 +338,27 @@ def test_cross_entropy_over_all_ignored_targets_is_zero_not_nan():
     loss = F.cross_entropy(logits, np.full(3, -1))
     loss.backward()
     assert loss.item() == 0.0 and not logits.grad.any()
+
+
+def test_numpy_scalars_are_hyperparameters_like_python_numbers():
+    """np.float32(0.1) was refused as a learning rate; any real number is taken now, as a Python float (so the
+    update's arithmetic is the one a Python float gives), and bools, NaN and negatives are still refused."""
+    def one_step(**hyper):
+        p = leaf(4, 3)
+        p.grad = np.ones((4, 3))
+        opt = optim.AdamW([p], **hyper)
+        opt.step()
+        return opt, p.data
+
+    opt, numpy_data = one_step(lr=np.float32(0.1), betas=(np.float32(0.9), np.float64(0.999)), eps=np.float64(1e-8),
+                               weight_decay=np.int64(0))
+    assert all(type(v) is float for v in (opt.lr, *opt.betas, opt.eps, opt.weight_decay))
+    _, python_data = one_step(lr=float(np.float32(0.1)), betas=(float(np.float32(0.9)), 0.999), eps=1e-8,
+                              weight_decay=0.0)
+    assert np.array_equal(numpy_data, python_data)
+    sgd = optim.SGD([leaf(2)], lr=np.float16(0.5), momentum=np.float64(0.9), weight_decay=np.int32(1))
+    assert (type(sgd.lr), type(sgd.momentum), type(sgd.weight_decay)) == (float, float, float)
+    assert optim.SGD([leaf(2)], lr=1).lr == 1  # a Python number stays as it was given
+    for bad in (np.bool_(True), np.float64("nan"), np.float32(-1)):
+        with pytest.raises(ValueError, match="invalid lr"):
+            optim.SGD([leaf(2)], lr=bad)
