@@ -9,6 +9,8 @@ named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.
 from __future__ import annotations
 
 import numbers
+import signal
+import threading
 from collections.abc import Mapping, Set
 
 import numpy as np
@@ -77,6 +79,27 @@ def _parameters(optimizer: str, params) -> list:
     return params
 
 
+class _held_interrupt:
+    """Hold SIGINT (Ctrl-C) while the block runs, then hand it to the handler that was there before (Python's
+    raises KeyboardInterrupt). Only the main thread can set a signal handler: elsewhere, and where the handler in
+    place was not set from Python (it could not be put back), this does nothing."""
+
+    def __enter__(self):
+        self.previous, self.caught = None, False
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
+            self.previous = signal.signal(signal.SIGINT, self._hold)
+        return self
+
+    def _hold(self, signum, frame) -> None:
+        self.caught = True
+
+    def __exit__(self, *exc) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+            if self.caught:
+                signal.raise_signal(signal.SIGINT)  # delivered now, to the handler that was there
+
+
 class Optimizer:
     def __init__(self, params, lr: float, state_dtype=None):
         name = type(self).__name__
@@ -118,7 +141,9 @@ class Optimizer:
         return st
 
     def step(self) -> None:
-        with observe.phase("optimizer"):
+        """Update every parameter that has a gradient. A Ctrl-C during the step is held until it ends (on the main
+        thread), so that every parameter is updated or none is: a checkpoint saved in the handler is whole."""
+        with _held_interrupt(), observe.phase("optimizer"):
             self.step_count += 1
             kind, flops = type(self).__name__.lower(), self.flops_per_element()
             for p in self.params:
