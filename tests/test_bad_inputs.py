@@ -101,6 +101,15 @@ def _mixed_backends():
     return a + b
 
 
+def _shifted_state_dict(model, **changes):
+    """model's state_dict with every value moved by 1 (a load that copies any of it changes the next step), and
+    `changes` ({"dotted__name": value}, "__" for ".") on top: the last key is the bad one."""
+    sd = {k: v + 1 for k, v in model.state_dict().items()}
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    sd.update({k.replace("__", "."): v for k, v in changes.items()})
+    return sd
+
+
 # (id, call(model, idx), exception type, a pattern naming the op/argument and the value/shape)
 CASES = [
     # ---- dtypes and requires_grad
@@ -185,6 +194,25 @@ CASES = [
      ValueError, r"load_state_dict: 'lm_head\.weight' has shape \[2, 2\].*\[32, 16\]"),
     ("state_dict_missing", lambda m, i: m.load_state_dict({"nonsense": np.ones(2)}), KeyError,
      r"missing keys .*transformer.*unexpected keys \['nonsense'\]"),
+    ("state_dict_tied_differ", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, lm_head__weight=m.state_dict()["lm_head.weight"])), ValueError,
+     r"'transformer\.wte\.weight' and 'lm_head\.weight' name one tied parameter but hold different values"),
+    ("state_dict_one_bad_shape_loads_nothing", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=np.ones(3, np.float32))), ValueError,
+     r"GPT\.load_state_dict: 'transformer\.ln_f\.bias' has shape \[3\] but the parameter is \[16\]; nothing "
+     r"was loaded"),
+    ("state_dict_every_problem", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=np.ones(3), transformer__ln_f__weight=np.ones(16, complex), extra=np.ones(1))),
+     KeyError, r"unexpected keys \['extra'\]; 'transformer\.ln_f\.weight' has dtype complex128, which does not "
+               r"cast to the parameter's float32; 'transformer\.ln_f\.bias' has shape \[3\]"),
+    ("state_dict_object_values", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=[None] * 16)), ValueError, r"'transformer\.ln_f\.bias' has dtype object"),
+    ("state_dict_not_a_dict", lambda m, i: m.load_state_dict(list(m.state_dict().items())), TypeError,
+     r"GPT\.load_state_dict: expected a dict \{name: array\}.*got list"),
+    ("state_dict_key_type", lambda m, i: m.load_state_dict({**m.state_dict(), 3: np.ones(2)}), TypeError,
+     r"GPT\.load_state_dict: keys must be parameter names \(str\), got \[3\]"),
+    ("state_dict_strict_type", lambda m, i: m.load_state_dict(m.state_dict(), strict="no"), TypeError,
+     r"strict must be True or False, got 'no'"),
     ("gpt_checkpoint_switch", lambda m, i: nn.GPT(8, 4, 1, 2, 8, checkpoint="sometimes")(np.zeros((1, 4), np.int64)),
      ValueError, r"GPT\(checkpoint='sometimes'\)"),
     # ---- optimizers
@@ -362,3 +390,33 @@ def test_numpy_scalars_are_hyperparameters_like_python_numbers():
     for bad in (np.bool_(True), np.float64("nan"), np.float32(-1)):
         with pytest.raises(ValueError, match="invalid lr"):
             optim.SGD([leaf(2)], lr=bad)
+
+
+def test_a_failed_load_changes_nothing_and_a_good_one_loads_everything(gpt):
+    model, idx = gpt
+    before = model.state_dict()
+    sd = _shifted_state_dict(model, transformer__h__1__mlp__c_proj__weight=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        model.load_state_dict(sd)
+    for k, v in model.state_dict().items():
+        assert np.array_equal(v, before[k]), k
+    good = _shifted_state_dict(model)
+    good["transformer.ln_f.bias"] = tg.Tensor(good["transformer.ln_f.bias"])  # a Tensor value loads too
+    good["transformer.wpe.weight"] = good["transformer.wpe.weight"].astype(np.float64)  # cast, as PyTorch
+    try:
+        model.load_state_dict(good)
+        for k, v in model.state_dict().items():
+            assert np.array_equal(v, before[k] + 1), k
+        assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    finally:
+        model.load_state_dict(before)
+
+
+def test_a_tied_pair_given_equal_values_loads():
+    tg.manual_seed(0)
+    model = nn.GPT(32, 8, 1, 2, 16)
+    sd = model.state_dict()
+    sd["transformer.wte.weight"] = sd["transformer.wte.weight"] * 2
+    sd["lm_head.weight"] = sd["transformer.wte.weight"].astype(np.float64)  # the same values, another dtype
+    model.load_state_dict(sd)
+    assert np.array_equal(model.lm_head.weight.numpy(), sd["transformer.wte.weight"])

@@ -12,6 +12,7 @@ same path: `transformer.h.3.mlp.gelu` is the GELU inside block 3's MLP, whose fi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -87,27 +88,54 @@ class Module:
         return {name: p.numpy().copy() for name, p in self._named_parameters_all()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Copy arrays into the parameters with matching names and shapes.
+        """Copy arrays into the parameters with matching names and shapes: all of them, or none.
 
-        nanoGPT's causal-mask buffers (`*.attn.bias`, present when it runs without flash attention)
-        are not parameters here and are skipped.
+        Every key, shape and dtype is checked before anything is copied, and one error names every problem:
+        missing and unexpected keys (with strict=True), shapes that differ, values that cannot be cast to the
+        parameter's dtype, and two names of one tied parameter given different values. nanoGPT's causal-mask
+        buffers (`*.attn.bias`, present when it runs without flash attention) are not parameters here and are
+        skipped.
         """
+        owner = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{owner}: expected a dict {{name: array}} (as state_dict() returns), got "
+                            f"{type(state).__name__}")
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"{owner}: strict must be True or False, got {strict!r}")
+        bad_keys = [k for k in state if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"{owner}: keys must be parameter names (str), got {bad_keys!r}")
         own = dict(self._named_parameters_all())
         state = {k: v for k, v in state.items() if not (k.endswith("attn.bias") and k not in own)}
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        problems, ready = [], {}  # ready: id(parameter) -> (name, parameter, the value cast to its dtype)
         for name, value in state.items():
             if name not in own:
                 continue
             p = own[name]
-            value = np.asarray(value)
+            try:
+                value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"'{name}' is not an array ({type(value).__name__}: {exc})")
+                continue
             if tuple(value.shape) != p.shape:
-                raise ValueError(
-                    f"load_state_dict: '{name}' has shape {list(value.shape)} but the parameter is {list(p.shape)}"
-                )
-            p.data[...] = backend.current().asarray(value, dtype=p.dtype)
+                problems.append(f"'{name}' has shape {list(value.shape)} but the parameter is {list(p.shape)}")
+            elif value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, p.dtype, casting="same_kind"):
+                problems.append(f"'{name}' has dtype {value.dtype}, which does not cast to the parameter's {p.dtype}")
+            else:
+                value = backend.current().asarray(value, dtype=p.dtype)
+                first = ready.setdefault(id(p), (name, p, value))
+                if first[2] is not value and not _same(first[2], value):
+                    problems.append(f"'{first[0]}' and '{name}' name one tied parameter but hold different values; "
+                                    f"give both the same array (e.g. sd['{name}'] = sd['{first[0]}'])")
+        if strict and (missing or unexpected):
+            raise KeyError(f"{owner}: missing keys {missing}, unexpected keys {unexpected}"
+                           + "".join(f"; {p}" for p in problems) + "; nothing was loaded")
+        if problems:
+            raise ValueError(f"{owner}: {'; '.join(problems)}; nothing was loaded")
+        for _, p, value in ready.values():
+            p.data[...] = value
 
     def to(self, dtype) -> Module:
         """Convert every parameter to `dtype` (e.g. np.float64 for gradient checks)."""
@@ -135,6 +163,12 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _same(a, b) -> bool:
+    """Do two arrays of one backend hold the same values (NaN equal to NaN)? Shape-only arrays always do."""
+    be = backend.current()
+    return not be.has_values or bool(be.xp.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
 
 
 def _name_children(container: Module, path: str) -> None:
