@@ -312,6 +312,12 @@ CASES = [
     ("ledger_capacity_type", lambda m, i: tg.Ledger(capacity_bytes=[80]), TypeError, r"capacity_bytes .*\[80\]"),
     ("ledger_nested", lambda m, i: _nested_ledger(), RuntimeError, r"already observed by <.*Ledger.*nesting"),
     ("ledger_reused", lambda m, i: _reused_ledger(), RuntimeError, r"this Ledger has recorded already"),
+    # ---- debug
+    ("break_before_number", lambda m, i: tg.debug.break_before(3), TypeError,
+     r"break_before: a pattern must be a string .*got 3 \(int\)"),
+    ("break_before_bad_one_adds_none", lambda m, i: tg.debug.break_before("never_an_op", ["gelu", None]), TypeError,
+     r"break_before: a pattern must be a string .*got None"),
+    ("break_before_empty", lambda m, i: tg.debug.break_before(""), ValueError, r"break_before: pattern '' is empty"),
     # ---- anomaly detection
     ("anomaly_inf_weight", _anomaly_inf_weight, FloatingPointError,
      r"forward of 'transformer\.h\.1\.mlp\.c_fc\.linear' produced NaN/Inf in output 0 of shape \[2, 8, 64\]"),

@@ -25,8 +25,21 @@ from . import backend, state
 
 
 def break_before(*patterns: str) -> None:
-    """Open pdb before the backward of every tape entry whose op or scoped name matches."""
-    state.breakpoints.extend(patterns)
+    """Open pdb before the backward of every tape entry whose op or scoped name matches. Each pattern is a string;
+    a list or tuple of them counts as its strings (`break_before(["softmax", "gelu"])`). All are checked before
+    any is added: a bad one raises here and leaves the breakpoints as they were."""
+    flat = []
+    for p in patterns:
+        flat.extend(p if isinstance(p, (list, tuple)) else [p])
+    for p in flat:
+        if not isinstance(p, str):
+            raise TypeError(f"break_before: a pattern must be a string (an op kind such as 'softmax' or a scoped "
+                            f"name such as 'transformer.h.1.attn'), got {p!r} ({type(p).__name__})")
+        if not p.strip() or p != p.strip():
+            raise ValueError(f"break_before: pattern {p!r} is empty or has spaces around it; write e.g. 'softmax'")
+    for p in flat:
+        if p not in state.breakpoints:  # a pattern set twice stops once
+            state.breakpoints.append(p)
 
 
 def clear_breakpoints() -> None:
