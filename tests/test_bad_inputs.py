@@ -110,6 +110,14 @@ def _shifted_state_dict(model, **changes):
     return sd
 
 
+def _recorded_ledger():
+    with tg.Ledger() as led:
+        leaf(3).exp().sum().backward()
+    return led
+
+
+NOT_OPEN = 987  # a file descriptor nothing here has open: open(987, "w") is what an unchecked export would do
+
 # (id, call(model, idx), exception type, a pattern naming the op/argument and the value/shape)
 CASES = [
     # ---- dtypes and requires_grad
@@ -312,6 +320,35 @@ CASES = [
     ("ledger_capacity_type", lambda m, i: tg.Ledger(capacity_bytes=[80]), TypeError, r"capacity_bytes .*\[80\]"),
     ("ledger_nested", lambda m, i: _nested_ledger(), RuntimeError, r"already observed by <.*Ledger.*nesting"),
     ("ledger_reused", lambda m, i: _reused_ledger(), RuntimeError, r"this Ledger has recorded already"),
+    ("ledger_infinite_capacity", lambda m, i: tg.Ledger(capacity_bytes=float("inf")), ValueError,
+     r"capacity_bytes .*None for no limit.*got inf"),
+    ("ledger_fraction_of_a_byte", lambda m, i: tg.Ledger(capacity_bytes=0.5), ValueError, r"capacity_bytes .*got 0\.5"),
+    ("ledger_trace_numpy", lambda m, i: tg.Ledger(trace_numpy="yes"), TypeError, r"trace_numpy must be True or False"),
+    ("ledger_to_csv_fd", lambda m, i: _recorded_ledger().to_csv(NOT_OPEN), TypeError,
+     r"to_csv: path must be a file name \(str or os\.PathLike\), got int 987"),
+    ("ledger_to_jsonl_fd", lambda m, i: _recorded_ledger().to_jsonl(NOT_OPEN), TypeError, r"to_jsonl: path .*got int"),
+    ("ledger_to_chrome_trace_fd", lambda m, i: _recorded_ledger().to_chrome_trace(NOT_OPEN), TypeError,
+     r"to_chrome_trace: path .*got int"),
+    ("ledger_to_memory_viz_fd", lambda m, i: _recorded_ledger().to_memory_viz(NOT_OPEN), TypeError,
+     r"to_memory_viz: path .*got int"),
+    ("ledger_to_html_fd", lambda m, i: _recorded_ledger().to_html(NOT_OPEN), TypeError, r"to_html: path .*got int"),
+    ("ledger_flops_by_layer_phase", lambda m, i: _recorded_ledger().flops_by_layer("fwd"), ValueError,
+     r"flops_by_layer\(phase='fwd'\): unknown phase \(did you mean 'forward'\?\); choose one of 'forward', "
+     r"'backward', 'recompute', 'optimizer'"),
+    ("ledger_flops_phase", lambda m, i: _recorded_ledger().flops("bwd"), ValueError,
+     r"flops\(phase='bwd'\): unknown phase \(did you mean 'backward'\?\).*or None for all"),
+    ("ledger_peak_bytes_category", lambda m, i: _recorded_ledger().peak_bytes("act"), ValueError,
+     r"peak_bytes\(category='act'\): unknown category \(did you mean 'activation'\?\)"),
+    ("ledger_live_bytes_category", lambda m, i: _recorded_ledger().live_bytes("params"), ValueError,
+     r"live_bytes\(category='params'\): unknown category \(did you mean 'parameter'\?\)"),
+    ("ledger_peak_bytes_type", lambda m, i: _recorded_ledger().peak_bytes(0), ValueError,
+     r"peak_bytes\(category=0\): unknown category; choose one of 'parameter'"),
+    ("ledger_saved_breakdown_by", lambda m, i: _recorded_ledger().saved_breakdown("lyr"), ValueError,
+     r"saved_breakdown\(by='lyr'\): unknown by \(did you mean 'layer'\?\)"),
+    ("ledger_saved_breakdown_depth", lambda m, i: _recorded_ledger().saved_breakdown("module", depth="2"), TypeError,
+     r"saved_breakdown: depth must be None or a positive int.*got '2'"),
+    ("ledger_phase_name", lambda m, i: _recorded_ledger().phase("warmup").__enter__(), ValueError,
+     r"phase\(name='warmup'\): unknown name; choose one of 'forward'"),
     # ---- debug
     ("break_before_number", lambda m, i: tg.debug.break_before(3), TypeError,
      r"break_before: a pattern must be a string .*got 3 \(int\)"),
@@ -465,3 +502,26 @@ def test_a_tied_pair_given_equal_values_loads():
     sd["lm_head.weight"] = sd["transformer.wte.weight"].astype(np.float64)  # the same values, another dtype
     model.load_state_dict(sd)
     assert np.array_equal(model.lm_head.weight.numpy(), sd["transformer.wte.weight"])
+
+
+def test_to_html_checks_every_argument_before_it_opens_the_page(tmp_path):
+    """to_html(path, title=3) used to truncate an existing page, then fail."""
+    led = _recorded_ledger()
+    page = tmp_path / "page.html"
+    page.write_text("the page from yesterday")
+    for bad in ({"title": 3}, {"compare": [led, "not a ledger"]}, {"labels": ["a", "b"]}):
+        with pytest.raises((TypeError, ValueError), match="to_html: "):
+            led.to_html(page, **bad)
+        assert page.read_text() == "the page from yesterday", bad
+    assert led.to_html(page, title="today") == str(page) and "today" in page.read_text()
+
+
+def test_ledger_queries_take_every_valid_name_and_none():
+    led = _recorded_ledger()
+    for c in ("parameter", "optimizer", "gradient", "activation", "other", None):
+        assert led.peak_bytes(c) >= led.live_bytes(c) >= 0
+    assert sum(led.flops(p) for p in ("forward", "backward", "recompute", "optimizer")) == led.flops() > 0
+    assert sum(led.flops_by_layer("backward").values()) == led.flops("backward")
+    assert led.saved_breakdown("module", depth=1) == led.saved_breakdown("module", depth=np.int64(1))
+    assert tg.Ledger(capacity_bytes=np.int64(10**9)).capacity_bytes == 10**9
+    assert tg.Ledger(capacity_bytes=np.float32(1e6)).capacity_bytes == 10**6
