@@ -355,6 +355,11 @@ CASES = [
     ("break_before_bad_one_adds_none", lambda m, i: tg.debug.break_before("never_an_op", ["gelu", None]), TypeError,
      r"break_before: a pattern must be a string .*got None"),
     ("break_before_empty", lambda m, i: tg.debug.break_before(""), ValueError, r"break_before: pattern '' is empty"),
+    # ---- chunked attention
+    ("chunked_attention_dtypes", lambda m, i: F.scaled_dot_product_attention(
+        leaf(1, 1, 4, 2, dtype=np.float32), leaf(1, 1, 4, 2), leaf(1, 1, 4, 2), impl="chunked"), ValueError,
+     r"chunked_attention: expected query, key, and value to have the same dtype, got q float32, k float64, "
+     r"v float64"),
     # ---- anomaly detection
     ("anomaly_inf_weight", _anomaly_inf_weight, FloatingPointError,
      r"forward of 'transformer\.h\.1\.mlp\.c_fc\.linear' produced NaN/Inf in output 0 of shape \[2, 8, 64\]"),
