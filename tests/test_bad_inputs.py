@@ -8,6 +8,7 @@ and the second step's loss and gradients are bit-equal to the first's.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 
 import numpy as np
@@ -366,6 +367,9 @@ CASES = [
     ("anomaly_log_negative", lambda m, i: _anomaly_log_negative(), FloatingPointError,
      r"forward of 'log' produced NaN/Inf in output 0 of shape \[3\]"),
 ]
+if importlib.util.find_spec("cupy") is None:
+    CASES.append(("cupy_not_installed", lambda m, i: tg.use_backend("cupy"), ImportError,
+                  r'the "cupy" backend needs CuPy, which is not installed: pip install -e "\.\[gpu\]"'))
 
 
 @pytest.mark.parametrize("call, kind, pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -385,7 +389,7 @@ def test_bad_input_raises_clearly_and_breaks_nothing(gpt, call, kind, pattern):
 
 
 def test_there_are_at_least_sixty_cases():
-    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+    assert len(CASES) >= 130 and len({c[0] for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -398,6 +402,13 @@ def test_there_are_at_least_sixty_cases():
     (["estimate", "--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
     (["estimate", "--checkpoint", "sometimes"], "unknown checkpoint 'sometimes'"),
     (["figures", "--only", "99"], "no lesson numbered [99]"),
+    (["estimate", "--layers", "1000000"], "this estimate would run 2,000,000 blocks on the meta backend"),
+    (["estimate", "--layers", "9000", "--optimizer", "none"], "1 step(s) × 9000 layers"),
+    (["explore", "--layers", "3000"], "a first step, then one per plan: 3 × 3000 layers"),
+    (["estimate", "--layers", "4096", "--pipeline-parallel", "2", "--microbatches", "4"],
+     "2 step(s) × 4 microbatch(es) × 2048 layers of one stage"),
+    (["estimate", "--layers", "4", "--checkpoint", "100"], "--checkpoint 100: more segments than the 4 layers"),
+    (["explore", "--layers", "2", "--checkpoint", "none", "7"], "--checkpoint 7: more segments than the 2 layers"),
 ])
 def test_cli_answers_a_bad_argument_with_one_line(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
