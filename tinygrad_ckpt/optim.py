@@ -141,8 +141,8 @@ class Optimizer:
         return st
 
     def step(self) -> None:
-        """Update every parameter that has a gradient. A Ctrl-C during the step is held until it ends (on the main
-        thread), so that every parameter is updated or none is: a checkpoint saved in the handler is whole."""
+        """Update every parameter that has a gradient. A Ctrl-C during the step is held until the step ends (on the
+        main thread), so every parameter gets its whole update first: a checkpoint saved in the handler is whole."""
         with _held_interrupt(), observe.phase("optimizer"):
             self.step_count += 1
             kind, flops = type(self).__name__.lower(), self.flops_per_element()
