@@ -8,6 +8,7 @@ named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.
 
 from __future__ import annotations
 
+import contextlib
 import numbers
 import signal
 import threading
@@ -27,8 +28,8 @@ def _number(x) -> bool:
 
 def _check(optimizer: str, name: str, value, ok, wanted: str):
     """ValueError at construction, as PyTorch's optimizers do: a wrong hyperparameter steps uphill silently.
-    `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool. Returns a
-    number as a Python float or int, so that a NumPy scalar does not change the update's arithmetic."""
+    `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool. Returns the
+    value with a NumPy scalar made a Python float (`_plain`)."""
     if not (ok if isinstance(ok, bool) else _number(value) and ok(value)):
         raise ValueError(f"{optimizer}: invalid {name} {value!r}: expected {wanted}")
     return _plain(value)
@@ -79,25 +80,22 @@ def _parameters(optimizer: str, params) -> list:
     return params
 
 
-class _held_interrupt:
+@contextlib.contextmanager
+def _sigint_held():
     """Hold SIGINT (Ctrl-C) while the block runs, then hand it to the handler that was there before (Python's
     raises KeyboardInterrupt). Only the main thread can set a signal handler: elsewhere, and where the handler in
     place was not set from Python (it could not be put back), this does nothing."""
-
-    def __enter__(self):
-        self.previous, self.caught = None, False
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is not None:
-            self.previous = signal.signal(signal.SIGINT, self._hold)
-        return self
-
-    def _hold(self, signum, frame) -> None:
-        self.caught = True
-
-    def __exit__(self, *exc) -> None:
-        if self.previous is not None:
-            signal.signal(signal.SIGINT, self.previous)
-            if self.caught:
-                signal.raise_signal(signal.SIGINT)  # delivered now, to the handler that was there
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)  # delivered now, to the handler that was there
 
 
 class Optimizer:
@@ -143,7 +141,7 @@ class Optimizer:
     def step(self) -> None:
         """Update every parameter that has a gradient. A Ctrl-C during the step is held until the step ends (on the
         main thread), so every parameter gets its whole update first: a checkpoint saved in the handler is whole."""
-        with _held_interrupt(), observe.phase("optimizer"):
+        with _sigint_held(), observe.phase("optimizer"):
             self.step_count += 1
             kind, flops = type(self).__name__.lower(), self.flops_per_element()
             for p in self.params:
