@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import difflib
 import functools
 import gc
 import json
@@ -40,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import backend, explorer, memory_viz, state
+from .checks import number, one_of
 from .observe import Observer
 from .palette import layer_of
 from .tape import edge_name
@@ -157,15 +157,15 @@ class Ledger(Observer):
     def capacity_bytes(self, value) -> None:
         if value is not None:
             wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
-            if isinstance(value, bool) or not isinstance(value, (numbers.Real, str)):
+            if not (number(value) or isinstance(value, str)):
                 raise TypeError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
             try:
-                number = parse_bytes(value) if isinstance(value, str) else value
+                size = parse_bytes(value) if isinstance(value, str) else value
             except ValueError:
                 raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}") from None
-            if not 1 <= number < math.inf:  # NaN fails too; None (not inf) means no limit
+            if not 1 <= size < math.inf:  # NaN fails too; None (not inf) means no limit
                 raise ValueError(f"Ledger: capacity_bytes must be {wanted} (None for no limit), got {value!r}")
-            value = int(number)
+            value = int(size)
         self._capacity = value
 
     def __enter__(self) -> Ledger:
@@ -211,7 +211,7 @@ class Ledger(Observer):
     @contextlib.contextmanager
     def phase(self, name: str):
         """Attribute the ops inside to a phase ("recompute", "optimizer")."""
-        _one_of("phase", "name", name, PHASES, optional=False)
+        one_of("phase", "name", name, PHASES)
         self.begin_phase(name)
         try:
             yield
@@ -403,17 +403,17 @@ class Ledger(Observer):
     # ---- queries ---------------------------------------------------------------------------
     def live_bytes(self, category: str | None = None) -> int:
         """Live bytes now, over all categories together or for one category."""
-        _one_of("live_bytes", "category", category, CATEGORIES)
+        one_of("live_bytes", "category", category, CATEGORIES, none="all categories")
         return self._total if category is None else self.live[category]
 
     def peak_bytes(self, category: str | None = None) -> int:
         """Highest live bytes seen, over all categories together or for one category."""
-        _one_of("peak_bytes", "category", category, CATEGORIES)
+        one_of("peak_bytes", "category", category, CATEGORIES, none="all categories")
         return self.peak_total if category is None else self.peak[category]
 
     def flops(self, phase: str | None = None) -> int:
         """FLOPs recorded: all phases, or one of "forward", "backward", "recompute", "optimizer"."""
-        _one_of("flops", "phase", phase, PHASES)
+        one_of("flops", "phase", phase, PHASES, none="all phases")
         return sum(self.flops_by_phase.values()) if phase is None else self.flops_by_phase[phase]
 
     def timeline(self) -> dict:
@@ -486,7 +486,7 @@ class Ledger(Observer):
         by="module": per scoped module name ("transformer.h.3.mlp"; cut to `depth` dot-separated parts if
         given); by="op": per op kind; by="name": per saved array.
         """
-        _one_of("saved_breakdown", "by", by, ("layer", "module", "op", "name"), optional=False)
+        one_of("saved_breakdown", "by", by, ("layer", "module", "op", "name"))
         if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1):
             kind = ValueError if isinstance(depth, numbers.Integral) and not isinstance(depth, bool) else TypeError
             raise kind(f"saved_breakdown: depth must be None or a positive int (dot-separated parts of the module "
@@ -508,7 +508,7 @@ class Ledger(Observer):
 
     def flops_by_layer(self, phase: str = "forward") -> dict:
         """FLOPs of the ops of one phase, per layer (`layer_of` of the op's name)."""
-        _one_of("flops_by_layer", "phase", phase, PHASES, optional=False)
+        one_of("flops_by_layer", "phase", phase, PHASES)
         out: dict[str, int] = {}
         for op in self.ops:
             if op["phase"] == phase:
@@ -622,20 +622,6 @@ def _path(method: str, path):
         raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__} "
                         f"{path!r}")
     return path
-
-
-def _one_of(method: str, argument: str, value, valid, optional: bool = True) -> None:
-    """ValueError naming the method, the argument, the value and the valid ones (and the closest), unless value is
-    one of `valid` (or None, when the argument is optional)."""
-    if (value is None and optional) or (isinstance(value, str) and value in valid):
-        return
-    close = []
-    if isinstance(value, str) and value:
-        close = [v for v in valid if v.startswith(value)] or difflib.get_close_matches(value, valid, n=1, cutoff=0.5)
-    hint = f" (did you mean {close[0]!r}?)" if close else ""
-    none = ", or None for all" if optional else ""
-    raise ValueError(f"{method}({argument}={value!r}): unknown {argument}{hint}; choose one of "
-                     f"{', '.join(map(repr, valid))}{none}")
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
+from .checks import float_dtype, number, one_of
 from .state import name_scope
 from .tensor import Parameter, Tensor
 
@@ -34,7 +35,7 @@ def _size(owner: str, name: str, value, least: int = 1) -> int:
 
 def _real(owner: str, name: str, value, wanted: str, ok) -> float:
     """A real-number argument (NumPy's too, not a bool) that passes `ok`; else an error naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+    if not number(value):
         raise TypeError(f"{owner}: {name} must be a number ({wanted}), got {value!r} ({type(value).__name__})")
     if not ok(value):
         raise ValueError(f"{owner}: {name} must be {wanted}, got {value!r}")
@@ -45,18 +46,8 @@ def _dropout(owner: str, p) -> float:
     return _real(owner, "dropout", p, "a probability in [0, 1)", lambda v: 0 <= v < 1)
 
 
-def _one_of(owner: str, name: str, value, choices) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{owner}: {name} must be {' or '.join(map(repr, choices))}, got {value!r}")
-    return value
-
-
 def _float_dtype(owner: str, dtype):
-    try:
-        kind = np.dtype(dtype).kind
-    except TypeError:
-        kind = None
-    if kind != "f":
+    if not float_dtype(dtype):
         raise TypeError(f"{owner}: dtype must be a floating-point dtype such as np.float32 (parameters need "
                         f"gradients), got {dtype!r}")
     return dtype
@@ -343,7 +334,7 @@ class CausalSelfAttention(Module):
         super().__init__()
         d_model, n_heads = _heads("CausalSelfAttention", d_model, n_heads)
         dropout, n_layer = _dropout("CausalSelfAttention", dropout), _size("CausalSelfAttention", "n_layer", n_layer)
-        _one_of("CausalSelfAttention", "attention", attention, ("explicit", "chunked"))
+        one_of("CausalSelfAttention", "attention", attention, ("explicit", "chunked"))
         self.attention = attention
         self.c_attn = Linear(d_model, 3 * d_model)
         self.c_proj = Linear(d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
@@ -373,7 +364,7 @@ class MLP(Module):
     def __init__(self, d_model: int, dropout: float = 0.0, n_layer: int = 1, approximate: str = "none"):
         d_model, dropout = _size("MLP", "d_model", d_model), _dropout("MLP", dropout)
         n_layer = _size("MLP", "n_layer", n_layer)
-        _one_of("MLP", "approximate", approximate, ("none", "tanh"))
+        one_of("MLP", "approximate", approximate, ("none", "tanh"))
         super().__init__()
         self.c_fc = Linear(d_model, 4 * d_model)
         self.c_proj = Linear(4 * d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
@@ -391,7 +382,7 @@ class Block(Module):
                  attention: str = "explicit"):
         d_model, n_heads = _heads("Block", d_model, n_heads)
         dropout, n_layer = _dropout("Block", dropout), _size("Block", "n_layer", n_layer)
-        _one_of("Block", "attention", attention, ("explicit", "chunked"))
+        one_of("Block", "attention", attention, ("explicit", "chunked"))
         super().__init__()
         self.d_model = d_model
         self.ln_1 = LayerNorm(d_model)
@@ -420,7 +411,7 @@ class GPT(Module):
         vocab_size, block_size = _size("GPT", "vocab_size", vocab_size), _size("GPT", "block_size", block_size)
         n_layer, (d_model, n_head) = _size("GPT", "n_layer", n_layer, 0), _heads("GPT", d_model, n_head, "n_head")
         dropout = _dropout("GPT", dropout)
-        _one_of("GPT", "attention", attention, ("explicit", "chunked"))
+        one_of("GPT", "attention", attention, ("explicit", "chunked"))
         super().__init__()
         self.transformer = ModuleDict(
             wte=Embedding(vocab_size, d_model),

@@ -9,42 +9,28 @@ named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.
 from __future__ import annotations
 
 import contextlib
-import numbers
 import signal
 import threading
 from collections.abc import Mapping, Set
 
-import numpy as np
-
 from . import observe
 from .backend import threads, xp
+from .checks import float_dtype, number
 from .tensor import Tensor, increment_version
-
-
-def _number(x) -> bool:
-    """A real number: Python's or NumPy's (np.float32(0.1), np.int64(1)), not a bool."""
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 def _check(optimizer: str, name: str, value, ok, wanted: str):
     """ValueError at construction, as PyTorch's optimizers do: a wrong hyperparameter steps uphill silently.
     `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool. Returns the
     value with a NumPy scalar made a Python float (`_plain`)."""
-    if not (ok if isinstance(ok, bool) else _number(value) and ok(value)):
+    if not (ok if isinstance(ok, bool) else number(value) and ok(value)):
         raise ValueError(f"{optimizer}: invalid {name} {value!r}: expected {wanted}")
     return _plain(value)
 
 
 def _plain(value):
     """A NumPy scalar as a Python float (np.float32 hyperparameters would change the update's arithmetic)."""
-    return value if type(value) in (int, float) or not _number(value) else float(value)
-
-
-def _float_dtype(dtype) -> bool:
-    try:
-        return np.dtype(dtype).kind == "f"
-    except TypeError:
-        return False
+    return value if type(value) in (int, float) or not number(value) else float(value)
 
 
 def _parameters(optimizer: str, params) -> list:
@@ -103,7 +89,7 @@ class Optimizer:
         name = type(self).__name__
         self.params = _parameters(name, params)
         self.lr = _check(name, "lr", lr, lambda v: v >= 0, "a learning rate >= 0")
-        _check(name, "state_dtype", state_dtype, state_dtype is None or _float_dtype(state_dtype),
+        _check(name, "state_dtype", state_dtype, state_dtype is None or float_dtype(state_dtype),
                "None (the parameter's dtype) or a floating-point dtype such as np.float32")
         self.state_dtype = state_dtype  # None: the parameter's dtype (as PyTorch); e.g. np.float32 for fp16 params
         self.state: dict[int, dict] = {}
@@ -186,7 +172,7 @@ class AdamW(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, state_dtype=None):
         super().__init__(params, lr, state_dtype)
-        ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)
+        ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(number(b) and 0 <= b < 1 for b in betas)
         _check("AdamW", "betas", betas, ok, "two numbers in [0, 1), e.g. (0.9, 0.999)")
         self.betas = tuple(_plain(b) for b in betas)
         self.eps = _check("AdamW", "eps", eps, lambda v: v > 0, "eps > 0")
