@@ -8,6 +8,9 @@ and the second step's loss and gradients are bit-equal to the first's.
 
 from __future__ import annotations
 
+import importlib.util
+import signal
+
 import numpy as np
 import pytest
 
@@ -99,6 +102,23 @@ def _mixed_backends():
     return a + b
 
 
+def _shifted_state_dict(model, **changes):
+    """model's state_dict with every value moved by 1 (a load that copies any of it changes the next step), and
+    `changes` ({"dotted__name": value}, "__" for ".") on top: the last key is the bad one."""
+    sd = {k: v + 1 for k, v in model.state_dict().items()}
+    sd["lm_head.weight"] = sd["transformer.wte.weight"]
+    sd.update({k.replace("__", "."): v for k, v in changes.items()})
+    return sd
+
+
+def _recorded_ledger():
+    with tg.Ledger() as led:
+        leaf(3).exp().sum().backward()
+    return led
+
+
+NOT_OPEN = 987  # a file descriptor nothing here has open: open(987, "w") is what an unchecked export would do
+
 # (id, call(model, idx), exception type, a pattern naming the op/argument and the value/shape)
 CASES = [
     # ---- dtypes and requires_grad
@@ -183,9 +203,87 @@ CASES = [
      ValueError, r"load_state_dict: 'lm_head\.weight' has shape \[2, 2\].*\[32, 16\]"),
     ("state_dict_missing", lambda m, i: m.load_state_dict({"nonsense": np.ones(2)}), KeyError,
      r"missing keys .*transformer.*unexpected keys \['nonsense'\]"),
+    ("state_dict_tied_differ", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, lm_head__weight=m.state_dict()["lm_head.weight"])), ValueError,
+     r"'transformer\.wte\.weight' and 'lm_head\.weight' name one tied parameter but hold different values"),
+    ("state_dict_one_bad_shape_loads_nothing", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=np.ones(3, np.float32))), ValueError,
+     r"GPT\.load_state_dict: 'transformer\.ln_f\.bias' has shape \[3\] but the parameter is \[16\]; nothing "
+     r"was loaded"),
+    ("state_dict_every_problem", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=np.ones(3), transformer__ln_f__weight=np.ones(16, complex), extra=np.ones(1))),
+     KeyError, r"unexpected keys \['extra'\]; 'transformer\.ln_f\.weight' has dtype complex128, which does not "
+               r"cast to the parameter's float32; 'transformer\.ln_f\.bias' has shape \[3\]"),
+    ("state_dict_object_values", lambda m, i: m.load_state_dict(_shifted_state_dict(
+        m, transformer__ln_f__bias=[None] * 16)), ValueError, r"'transformer\.ln_f\.bias' has dtype object"),
+    ("state_dict_not_a_dict", lambda m, i: m.load_state_dict(list(m.state_dict().items())), TypeError,
+     r"GPT\.load_state_dict: expected a dict \{name: array\}.*got list"),
+    ("state_dict_key_type", lambda m, i: m.load_state_dict({**m.state_dict(), 3: np.ones(2)}), TypeError,
+     r"GPT\.load_state_dict: keys must be parameter names \(str\), got \[3\]"),
+    ("state_dict_strict_type", lambda m, i: m.load_state_dict(m.state_dict(), strict="no"), TypeError,
+     r"strict must be True or False, got 'no'"),
     ("gpt_checkpoint_switch", lambda m, i: nn.GPT(8, 4, 1, 2, 8, checkpoint="sometimes")(np.zeros((1, 4), np.int64)),
      ValueError, r"GPT\(checkpoint='sometimes'\)"),
+    ("gpt_vocab_float", lambda m, i: nn.GPT(32.0, 8, 1, 2, 16), TypeError,
+     r"GPT: vocab_size must be an int, got 32\.0"),
+    ("gpt_n_layer_string", lambda m, i: nn.GPT(32, 8, "2", 2, 16), TypeError, r"GPT: n_layer must be an int, got '2'"),
+    ("gpt_n_layer_negative", lambda m, i: nn.GPT(32, 8, -1, 2, 16), ValueError,
+     r"GPT: n_layer must be at least 0, got -1"),
+    ("gpt_block_size_zero", lambda m, i: nn.GPT(32, 0, 1, 2, 16), ValueError, r"GPT: block_size must be at least 1"),
+    ("gpt_heads_do_not_divide", lambda m, i: nn.GPT(32, 8, 1, 3, 16), ValueError,
+     r"GPT: d_model=16 is not divisible by n_head=3"),
+    ("gpt_zero_heads", lambda m, i: nn.GPT(32, 8, 1, 0, 16), ValueError, r"GPT: n_head must be at least 1, got 0"),
+    ("gpt_dropout_negative", lambda m, i: nn.GPT(32, 8, 1, 2, 16, dropout=-0.1), ValueError,
+     r"GPT: dropout must be a probability in \[0, 1\), got -0\.1"),
+    ("gpt_dropout_string", lambda m, i: nn.GPT(32, 8, 1, 2, 16, dropout="0.1"), TypeError,
+     r"GPT: dropout must be a number .*got '0\.1'"),
+    ("gpt_attention_unknown", lambda m, i: nn.GPT(32, 8, 1, 2, 16, attention="flash"), ValueError,
+     r"GPT: attention must be 'explicit' or 'chunked', got 'flash'"),
+    ("block_heads_float", lambda m, i: nn.Block(16, 2.0), TypeError, r"Block: n_heads must be an int, got 2\.0"),
+    ("block_n_layer_zero", lambda m, i: nn.Block(16, 2, n_layer=0), ValueError, r"Block: n_layer must be at least 1"),
+    ("block_input_2d", lambda m, i: m.transformer.h[0](leaf(4, 16, dtype=np.float32)), ValueError,
+     r"Block: x must be \[B, T, 16\] .*got \[4, 16\]"),
+    ("block_input_array", lambda m, i: m.transformer.h[0](np.ones((1, 4, 16), np.float32)), TypeError,
+     r"Block: x must be a Tensor \[B, T, 16\], got ndarray"),
+    ("attention_input_width", lambda m, i: m.transformer.h[0].attn(leaf(1, 4, 8, dtype=np.float32)), ValueError,
+     r"CausalSelfAttention: x must be \[B, T, 16\] .*got \[1, 4, 8\]"),
+    ("linear_float_features", lambda m, i: nn.Linear(3.5, 2), TypeError,
+     r"Linear: in_features must be an int, got 3\.5"),
+    ("linear_negative_features", lambda m, i: nn.Linear(3, -1), ValueError, r"Linear: out_features must be at least 0"),
+    ("linear_bias_string", lambda m, i: nn.Linear(3, 2, bias="no"), TypeError, r"Linear: bias must be True or False"),
+    ("linear_int_dtype", lambda m, i: nn.Linear(3, 2, dtype=np.int32), TypeError,
+     r"Linear: dtype must be a floating-point dtype .*int32"),
+    ("layer_norm_eps_string", lambda m, i: nn.LayerNorm(3, eps="1e-5"), TypeError, r"LayerNorm: eps must be a number"),
+    ("embedding_float_size", lambda m, i: nn.Embedding(3.0, 2), TypeError,
+     r"Embedding: num_embeddings must be an int, got 3\.0"),
+    ("dropout_module_p", lambda m, i: nn.Dropout(2), ValueError,
+     r"Dropout: p must be a probability in \[0, 1\), got 2"),
+    ("mlp_approximate", lambda m, i: nn.MLP(8, approximate="fast"), ValueError,
+     r"MLP: approximate must be 'none' or 'tanh', got 'fast'"),
+    ("ids_3d", lambda m, i: m(i[None]), ValueError, r"GPT: idx .*\[B, T\], got \[1, 2, 8\]"),
+    ("ids_no_positions", lambda m, i: m(i[:, :0]), ValueError, r"GPT: idx \[2, 0\] holds no positions"),
+    ("ids_float_hint", lambda m, i: m(i.astype(np.float32)), ValueError, r"float32; convert: idx\.astype"),
     # ---- optimizers
+    ("adamw_tied_parameter_twice", lambda m, i: optim.AdamW([m.lm_head.weight, m.transformer.wte.weight]),
+     ValueError, r"AdamW: parameter 'transformer\.wte\.weight' \[32, 16\] appears twice \(positions 0 and 1\).*"
+                 r"model\.parameters\(\)"),
+    ("sgd_same_parameter_twice", lambda m, i: optim.SGD(m.parameters() + m.parameters()[:1]), ValueError,
+     r"SGD: parameter 'transformer\.wte\.weight' .*appears twice"),
+    ("sgd_params_module", lambda m, i: optim.SGD(m), TypeError,
+     r"SGD: params must be .*got GPT .*model\.parameters\(\)"),
+    ("sgd_params_one_tensor", lambda m, i: optim.SGD(m.lm_head.weight), TypeError,
+     r"SGD: params must be an iterable of Tensors, got one Tensor 'transformer\.wte\.weight'"),
+    ("sgd_params_set", lambda m, i: optim.SGD(set(m.parameters())), TypeError, r"SGD: params .*got set \(a set has no"),
+    ("sgd_params_none", lambda m, i: optim.SGD(None), TypeError, r"SGD: params .*got NoneType"),
+    ("sgd_param_groups", lambda m, i: optim.SGD([{"params": m.parameters()}]), TypeError,
+     r"SGD: parameter groups \(dicts\) are not supported"),
+    ("sgd_non_leaf", lambda m, i: optim.SGD([leaf(3) * 2.0]), ValueError, r"SGD: can't optimize a non-leaf Tensor"),
+    ("adamw_lr_nan", lambda m, i: optim.AdamW(m.parameters(), lr=float("nan")), ValueError, r"AdamW: invalid lr nan"),
+    ("adamw_lr_bool", lambda m, i: optim.AdamW(m.parameters(), lr=True), ValueError, r"AdamW: invalid lr True"),
+    ("adamw_lr_numpy_negative", lambda m, i: optim.AdamW(m.parameters(), lr=np.float32(-0.5)), ValueError,
+     r"AdamW: invalid lr .*-0\.5"),
+    ("adamw_state_dtype", lambda m, i: optim.AdamW(m.parameters(), state_dtype=np.int32), ValueError,
+     r"AdamW: invalid state_dtype .*int32.*floating-point dtype"),
     ("adamw_negative_lr", lambda m, i: optim.AdamW(m.parameters(), lr=-1), ValueError, r"AdamW: invalid lr -1"),
     ("adamw_beta_one", lambda m, i: optim.AdamW(m.parameters(), betas=(1.0, 0.999)), ValueError,
      r"AdamW: invalid betas \(1\.0, 0\.999\).*\[0, 1\)"),
@@ -223,12 +321,56 @@ CASES = [
     ("ledger_capacity_type", lambda m, i: tg.Ledger(capacity_bytes=[80]), TypeError, r"capacity_bytes .*\[80\]"),
     ("ledger_nested", lambda m, i: _nested_ledger(), RuntimeError, r"already observed by <.*Ledger.*nesting"),
     ("ledger_reused", lambda m, i: _reused_ledger(), RuntimeError, r"this Ledger has recorded already"),
+    ("ledger_infinite_capacity", lambda m, i: tg.Ledger(capacity_bytes=float("inf")), ValueError,
+     r"capacity_bytes .*None for no limit.*got inf"),
+    ("ledger_fraction_of_a_byte", lambda m, i: tg.Ledger(capacity_bytes=0.5), ValueError, r"capacity_bytes .*got 0\.5"),
+    ("ledger_trace_numpy", lambda m, i: tg.Ledger(trace_numpy="yes"), TypeError, r"trace_numpy must be True or False"),
+    ("ledger_to_csv_fd", lambda m, i: _recorded_ledger().to_csv(NOT_OPEN), TypeError,
+     r"to_csv: path must be a file name \(str or os\.PathLike\), got int 987"),
+    ("ledger_to_jsonl_fd", lambda m, i: _recorded_ledger().to_jsonl(NOT_OPEN), TypeError, r"to_jsonl: path .*got int"),
+    ("ledger_to_chrome_trace_fd", lambda m, i: _recorded_ledger().to_chrome_trace(NOT_OPEN), TypeError,
+     r"to_chrome_trace: path .*got int"),
+    ("ledger_to_memory_viz_fd", lambda m, i: _recorded_ledger().to_memory_viz(NOT_OPEN), TypeError,
+     r"to_memory_viz: path .*got int"),
+    ("ledger_to_html_fd", lambda m, i: _recorded_ledger().to_html(NOT_OPEN), TypeError, r"to_html: path .*got int"),
+    ("ledger_flops_by_layer_phase", lambda m, i: _recorded_ledger().flops_by_layer("fwd"), ValueError,
+     r"flops_by_layer: phase must be 'forward', 'backward', 'recompute' or 'optimizer', got 'fwd' \(did you mean "
+     r"'forward'\?\)"),
+    ("ledger_flops_phase", lambda m, i: _recorded_ledger().flops("bwd"), ValueError,
+     r"flops: phase must be .*'optimizer', or None \(all phases\), got 'bwd' \(did you mean 'backward'\?\)"),
+    ("ledger_peak_bytes_category", lambda m, i: _recorded_ledger().peak_bytes("act"), ValueError,
+     r"peak_bytes: category must be 'parameter', .*got 'act' \(did you mean 'activation'\?\)"),
+    ("ledger_live_bytes_category", lambda m, i: _recorded_ledger().live_bytes("params"), ValueError,
+     r"live_bytes: category must be .*got 'params' \(did you mean 'parameter'\?\)"),
+    ("ledger_peak_bytes_type", lambda m, i: _recorded_ledger().peak_bytes(0), ValueError,
+     r"peak_bytes: category must be 'parameter', 'optimizer', 'gradient', 'activation' or 'other', or None "
+     r"\(all categories\), got 0$"),
+    ("ledger_saved_breakdown_by", lambda m, i: _recorded_ledger().saved_breakdown("lyr"), ValueError,
+     r"saved_breakdown: by must be 'layer', 'module', 'op' or 'name', got 'lyr' \(did you mean 'layer'\?\)"),
+    ("ledger_saved_breakdown_depth", lambda m, i: _recorded_ledger().saved_breakdown("module", depth="2"), TypeError,
+     r"saved_breakdown: depth must be None or a positive int.*got '2'"),
+    ("ledger_phase_name", lambda m, i: _recorded_ledger().phase("warmup").__enter__(), ValueError,
+     r"phase: name must be 'forward', 'backward', 'recompute' or 'optimizer', got 'warmup'$"),
+    # ---- debug
+    ("break_before_number", lambda m, i: tg.debug.break_before(3), TypeError,
+     r"break_before: a pattern must be a string .*got 3 \(int\)"),
+    ("break_before_bad_one_adds_none", lambda m, i: tg.debug.break_before("never_an_op", ["gelu", None]), TypeError,
+     r"break_before: a pattern must be a string .*got None"),
+    ("break_before_empty", lambda m, i: tg.debug.break_before(""), ValueError, r"break_before: pattern '' is empty"),
+    # ---- chunked attention
+    ("chunked_attention_dtypes", lambda m, i: F.scaled_dot_product_attention(
+        leaf(1, 1, 4, 2, dtype=np.float32), leaf(1, 1, 4, 2), leaf(1, 1, 4, 2), impl="chunked"), ValueError,
+     r"chunked_attention: expected query, key, and value to have the same dtype, got q float32, k float64, "
+     r"v float64"),
     # ---- anomaly detection
     ("anomaly_inf_weight", _anomaly_inf_weight, FloatingPointError,
      r"forward of 'transformer\.h\.1\.mlp\.c_fc\.linear' produced NaN/Inf in output 0 of shape \[2, 8, 64\]"),
     ("anomaly_log_negative", lambda m, i: _anomaly_log_negative(), FloatingPointError,
      r"forward of 'log' produced NaN/Inf in output 0 of shape \[3\]"),
 ]
+if importlib.util.find_spec("cupy") is None:
+    CASES.append(("cupy_not_installed", lambda m, i: tg.use_backend("cupy"), ImportError,
+                  r'the "cupy" backend needs CuPy, which is not installed: pip install -e "\.\[gpu\]"'))
 
 
 @pytest.mark.parametrize("call, kind, pattern", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
@@ -238,7 +380,9 @@ def test_bad_input_raises_clearly_and_breaks_nothing(gpt, call, kind, pattern):
     with pytest.raises(kind, match=pattern), np.errstate(all="ignore"):
         call(model, idx)
     st = state.local
-    assert (st.grad_enabled, st.prefix, st.observers) == (True, "", [])
+    assert (st.grad_enabled, st.prefix, st.observers, st.segments) == (True, "", [], 0)  # no stray observer
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert tg.backend.current().name == "numpy"
     loss2, grads2 = training_step(model, idx)
     assert loss2 == loss
     for k in grads:
@@ -246,7 +390,7 @@ def test_bad_input_raises_clearly_and_breaks_nothing(gpt, call, kind, pattern):
 
 
 def test_there_are_at_least_sixty_cases():
-    assert len(CASES) >= 60 and len({c[0] for c in CASES}) == len(CASES)
+    assert len(CASES) >= 130 and len({c[0] for c in CASES}) == len(CASES)
 
 
 @pytest.mark.parametrize("argv, words", [
@@ -259,6 +403,13 @@ def test_there_are_at_least_sixty_cases():
     (["estimate", "--dropout", "1.5"], "dropout must be in [0, 1), got 1.5"),
     (["estimate", "--checkpoint", "sometimes"], "unknown checkpoint 'sometimes'"),
     (["figures", "--only", "99"], "no lesson numbered [99]"),
+    (["estimate", "--layers", "1000000"], "this estimate would run 2,000,000 blocks on the meta backend"),
+    (["estimate", "--layers", "9000", "--optimizer", "none"], "1 step(s) × 9000 layers"),
+    (["explore", "--layers", "3000"], "a first step, then one per plan: 3 × 3000 layers"),
+    (["estimate", "--layers", "4096", "--pipeline-parallel", "2", "--microbatches", "4"],
+     "2 step(s) × 4 microbatch(es) × 2048 layers of one stage"),
+    (["estimate", "--layers", "4", "--checkpoint", "100"], "--checkpoint 100: more segments than the 4 layers"),
+    (["explore", "--layers", "2", "--checkpoint", "none", "7"], "--checkpoint 7: more segments than the 2 layers"),
 ])
 def test_cli_answers_a_bad_argument_with_one_line(argv, words, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -314,3 +465,80 @@ def test_cross_entropy_over_all_ignored_targets_is_zero_not_nan():
     loss = F.cross_entropy(logits, np.full(3, -1))
     loss.backward()
     assert loss.item() == 0.0 and not logits.grad.any()
+
+
+def test_numpy_scalars_are_hyperparameters_like_python_numbers():
+    """np.float32(0.1) was refused as a learning rate; any real number is taken now, as a Python float (so the
+    update's arithmetic is the one a Python float gives), and bools, NaN and negatives are still refused."""
+    def one_step(**hyper):
+        p = leaf(4, 3)
+        p.grad = np.ones((4, 3))
+        opt = optim.AdamW([p], **hyper)
+        opt.step()
+        return opt, p.data
+
+    opt, numpy_data = one_step(lr=np.float32(0.1), betas=(np.float32(0.9), np.float64(0.999)), eps=np.float64(1e-8),
+                               weight_decay=np.int64(0))
+    assert all(type(v) is float for v in (opt.lr, *opt.betas, opt.eps, opt.weight_decay))
+    _, python_data = one_step(lr=float(np.float32(0.1)), betas=(float(np.float32(0.9)), 0.999), eps=1e-8,
+                              weight_decay=0.0)
+    assert np.array_equal(numpy_data, python_data)
+    sgd = optim.SGD([leaf(2)], lr=np.float16(0.5), momentum=np.float64(0.9), weight_decay=np.int32(1))
+    assert (type(sgd.lr), type(sgd.momentum), type(sgd.weight_decay)) == (float, float, float)
+    assert optim.SGD([leaf(2)], lr=1).lr == 1  # a Python number stays as it was given
+    for bad in (np.bool_(True), np.float64("nan"), np.float32(-1)):
+        with pytest.raises(ValueError, match="invalid lr"):
+            optim.SGD([leaf(2)], lr=bad)
+
+
+def test_a_failed_load_changes_nothing_and_a_good_one_loads_everything(gpt):
+    model, idx = gpt
+    before = model.state_dict()
+    sd = _shifted_state_dict(model, transformer__h__1__mlp__c_proj__weight=np.ones((2, 2)))
+    with pytest.raises(ValueError, match="nothing was loaded"):
+        model.load_state_dict(sd)
+    for k, v in model.state_dict().items():
+        assert np.array_equal(v, before[k]), k
+    good = _shifted_state_dict(model)
+    good["transformer.ln_f.bias"] = tg.Tensor(good["transformer.ln_f.bias"])  # a Tensor value loads too
+    good["transformer.wpe.weight"] = good["transformer.wpe.weight"].astype(np.float64)  # cast, as PyTorch
+    try:
+        model.load_state_dict(good)
+        for k, v in model.state_dict().items():
+            assert np.array_equal(v, before[k] + 1), k
+        assert model.lm_head.weight is model.transformer.wte.weight  # still tied
+    finally:
+        model.load_state_dict(before)
+
+
+def test_a_tied_pair_given_equal_values_loads():
+    tg.manual_seed(0)
+    model = nn.GPT(32, 8, 1, 2, 16)
+    sd = model.state_dict()
+    sd["transformer.wte.weight"] = sd["transformer.wte.weight"] * 2
+    sd["lm_head.weight"] = sd["transformer.wte.weight"].astype(np.float64)  # the same values, another dtype
+    model.load_state_dict(sd)
+    assert np.array_equal(model.lm_head.weight.numpy(), sd["transformer.wte.weight"])
+
+
+def test_to_html_checks_every_argument_before_it_opens_the_page(tmp_path):
+    """to_html(path, title=3) used to truncate an existing page, then fail."""
+    led = _recorded_ledger()
+    page = tmp_path / "page.html"
+    page.write_text("the page from yesterday")
+    for bad in ({"title": 3}, {"compare": [led, "not a ledger"]}, {"labels": ["a", "b"]}):
+        with pytest.raises((TypeError, ValueError), match="to_html: "):
+            led.to_html(page, **bad)
+        assert page.read_text() == "the page from yesterday", bad
+    assert led.to_html(page, title="today") == str(page) and "today" in page.read_text()
+
+
+def test_ledger_queries_take_every_valid_name_and_none():
+    led = _recorded_ledger()
+    for c in ("parameter", "optimizer", "gradient", "activation", "other", None):
+        assert led.peak_bytes(c) >= led.live_bytes(c) >= 0
+    assert sum(led.flops(p) for p in ("forward", "backward", "recompute", "optimizer")) == led.flops() > 0
+    assert sum(led.flops_by_layer("backward").values()) == led.flops("backward")
+    assert led.saved_breakdown("module", depth=1) == led.saved_breakdown("module", depth=np.int64(1))
+    assert tg.Ledger(capacity_bytes=np.int64(10**9)).capacity_bytes == 10**9
+    assert tg.Ledger(capacity_bytes=np.float32(1e6)).capacity_bytes == 10**6

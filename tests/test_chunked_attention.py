@@ -3,6 +3,8 @@ replays under a checkpoint, skipped causal blocks, the meta backend, and clear e
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 from helpers import tiny_batch
@@ -180,3 +182,29 @@ def test_modules_refuse_an_unknown_attention():
         nn.GPT(11, 8, 1, 2, 16, attention="flash")
     assert "attention=chunked" in repr(nn.Block(16, 2, attention="chunked"))
     assert nn.Block(16, 2).attn.attention == "explicit"  # the default stays explicit
+
+
+@pytest.mark.parametrize("tq, tk", [(12, 12), (6, 11)])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("block", [1, 3, 4, 16])
+def test_a_nan_or_inf_key_stays_in_the_rows_that_see_it(tq, tk, bad, block, rng):
+    """Key j = [bad, 0, 0, 0] against queries whose first component is positive: every score of key j is NaN, +inf
+    or -inf. The queries before it (i + tk - tq < j) must not see it, forward or backward, and the chunked path must
+    agree with the explicit one row by row, NaN for NaN. The diagonal block's mask used to be added to the scores
+    (NaN + -inf is NaN, and so is +inf + -inf), so it leaked into the earlier queries of that block; and a row whose
+    first key block held only -inf scores became NaN (-inf - -inf)."""
+    for j in range(tk):
+        q, k = rng.standard_normal((1, 2, tq, 4)), rng.standard_normal((1, 2, tk, 4))
+        v = rng.standard_normal((1, 2, tk, 3))
+        q[..., 0] = np.abs(q[..., 0]) + 0.1
+        k[..., j, :] = [bad, 0, 0, 0]
+        w = rng.standard_normal((1, 2, tq, 3))
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            explicit, _ = _attention((q, k, v), w)
+            chunked, _ = _attention((q, k, v), w, impl="chunked", block_size=block)
+        before = np.arange(tq) + tk - tq < j
+        # dq's first component multiplies key j's bad entry by a zero weight (0 · NaN) on both paths: not compared
+        for name, a, b in (("out", chunked[0], explicit[0]), ("dq", chunked[1][..., 1:], explicit[1][..., 1:])):
+            assert np.isfinite(a[..., before, :]).all(), (name, j)
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-10, equal_nan=True, err_msg=f"{name}, key {j}")

@@ -4,6 +4,9 @@ delegates to tinygrad_ckpt.figures, `--help` lists both."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import os
+import subprocess
 import sys
 import types
 
@@ -105,3 +108,36 @@ def test_figures_delegates(monkeypatch):
     assert calls == [{"quick": True, "only": ["03"], "out": "x"}]
     assert cli.main(["figures"]) == 0
     assert calls[-1] == {"quick": False, "only": None, "out": None}
+
+
+def test_figures_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(SystemExit) as done:
+        cli.main(["figures", "--quick", "--only", "01", "--out", str(blocker / "figures")])
+    err = capsys.readouterr().err
+    assert done.value.code == 2 and err.count("\n") == 1 and "cannot make that folder" in err
+
+
+@pytest.mark.parametrize("command", ["figures", "notebooks", "api-docs"])
+def test_without_the_repository_a_command_says_so_in_one_line(command, tmp_path, monkeypatch, capsys):
+    """A wheel install has the package and no lessons/ or docs/ beside it: one line, exit 1, nothing written."""
+    from tinygrad_ckpt import figures
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    monkeypatch.setattr(figures, "lessons_dir", lambda: site / "lessons")
+    assert cli.main([command]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and "pip install -e ." in err and "lessons" in err
+    assert list(site.iterdir()) == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
+def test_a_missing_cupy_says_how_to_install_it():
+    env = {**os.environ, "TINYGRAD_CKPT_BACKEND": "cupy"}
+    done = subprocess.run([sys.executable, "-c", "import tinygrad_ckpt"], env=env, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert done.stderr.strip().splitlines()[-1] == (
+        'ImportError: the "cupy" backend needs CuPy, which is not installed: pip install -e ".[gpu]" on a machine '
+        "with a CUDA GPU (or use the numpy backend)")

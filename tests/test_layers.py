@@ -11,7 +11,7 @@ PACKAGE = pathlib.Path(tinygrad_ckpt.__file__).parent
 
 # bottom to top; a module may import modules of lower layers, and inside the circle, each other
 LAYERS = [
-    {"units", "palette"},  # import nothing
+    {"units", "palette", "checks"},  # import nothing (checks: a caller's arguments)
     {"state", "planner", "estimate"},  # per-thread state; pure formulas and plans
     {"backend"},  # numpy, cupy, meta: the only code that knows an array library
     {"observe"},  # the observers: how tools watch the engine

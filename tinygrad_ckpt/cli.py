@@ -14,6 +14,11 @@ analytic formulas of tinygrad_ckpt/estimate.py: the seed's 12·B·T·d per layer
 sbh(34 + 5as/h), and the engine's own per-layer count. It takes seconds and a few tens of MB for a
 7B model, because no array has data.
 
+The meta run goes through every block, about 4.5 ms and 0.1 MB each whatever the sizes, so a command runs at
+most MAX_BLOCK_RUNS (8192) of them, about a minute: `estimate` takes up to 4096 layers (two steps of each block),
+fewer with pipeline microbatches or several `explore` plans. A bad argument, or a run past that limit, is answered
+with one line and exit status 2; a missing repository (a wheel install has no lessons/) with one line and status 1.
+
 With --tensor-parallel, --sequence-parallel, --pipeline-parallel/--microbatches or --zero/--data-parallel it
 runs one device's shard instead (tinygrad_ckpt/parallel.py, measure.ParallelStep) and sets one layer's saves
 beside Korthikanti et al.'s Table 2, term by term.
@@ -317,7 +322,9 @@ def korthikanti_comparison(led, shape: est.GPTShape, par: Parallelism, selective
 # ---- the command line ----------------------------------------------------------------------------
 def _gpt_arguments(p: argparse.ArgumentParser) -> None:
     """The GPT and training set-up flags `estimate` and `explore` share (defaults: the seed's 7B example)."""
-    p.add_argument("--layers", type=_positive, default=32, help="number of transformer blocks (default 32)")
+    p.add_argument("--layers", type=_positive, default=32,
+                   help="number of transformer blocks (default 32; a command runs at most 8192 blocks on the meta "
+                        "backend, about a minute: 4096 layers for estimate)")
     p.add_argument("--d-model", type=_positive, default=4096, help="model width (default 4096)")
     p.add_argument("--heads", type=_positive, default=32, help="attention heads, dividing d-model (default 32)")
     p.add_argument("--seq", type=_positive, default=2048, help="sequence length T (default 2048)")
@@ -405,6 +412,38 @@ def explore(shape: est.GPTShape, optimizer: str, plans, out: str, memory_viz: bo
     return written
 
 
+# A meta run costs about 4.5 ms and 0.1 MB per block it runs forward and backward (measured on 2026-12-01: 2048
+# layers, two steps, 19 s and 465 MB), whatever the sizes. The limit keeps a run under a minute and about 1 GB:
+# 4096 layers for `estimate` (far beyond the ~130 of today's largest models); the per-block numbers it reports do
+# not depend on the depth, so a deeper model is estimated from fewer layers.
+MAX_BLOCK_RUNS = 8192
+
+
+def _check_cost(parser, args, passes: int, layers: int, what: str) -> None:
+    """Refuse, in one line, a meta run of more than MAX_BLOCK_RUNS blocks (`passes` × `layers`): it would take
+    minutes to hours."""
+    runs = passes * layers
+    if runs > MAX_BLOCK_RUNS:
+        seconds = runs * 0.0045
+        took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
+        parser.error(f"--layers {args.layers}: this {args.command} would run {runs:,} blocks on the meta backend "
+                     f"({what}; about {took} and {runs * 0.1 / 1000:,.1f} GB), more than the limit of "
+                     f"{MAX_BLOCK_RUNS:,}. The per-block numbers do not depend on the depth: measure fewer layers "
+                     "and scale")
+
+
+def _checkout(command: str) -> bool:
+    """Is the repository beside the package (lessons/, docs/)? A wheel install has only the package: say so in
+    one line instead of failing inside, or writing next to site-packages."""
+    from .figures import lessons_dir
+
+    if lessons_dir().is_dir():
+        return True
+    print(f"tinygrad-ckpt {command}: error: no lessons folder at {lessons_dir()}: this command needs the repository, "
+          "not only the installed package; clone it and install it with `pip install -e .`", file=sys.stderr)
+    return False
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
@@ -412,6 +451,8 @@ def main(argv=None) -> int:
         parser.print_help()
         return 0
     if args.command in ("notebooks", "api-docs"):
+        if not _checkout(args.command):
+            return 1
         from . import apidoc, notebooks
 
         return (notebooks if args.command == "notebooks" else apidoc).main()
@@ -423,15 +464,25 @@ def main(argv=None) -> int:
             return 1
         try:
             result = figures.run(quick=args.quick, only=args.only, out=args.out)
-        except ValueError as exc:  # an unknown lesson number
+        except ValueError as exc:  # an unknown lesson number, an --out that cannot be made
             parser.error(str(exc))
+        except figures.LessonsNotFound as exc:  # a wheel install: the lessons live in the repository
+            print(f"tinygrad-ckpt figures: error: {exc}", file=sys.stderr)
+            return 1
         return result if isinstance(result, int) else 0
     try:
         shape = est.GPTShape(n_layer=args.layers, d_model=args.d_model, n_head=args.heads, seq_len=args.seq,
                              batch=args.batch, vocab_size=args.vocab, dtype=args.dtype, dropout=args.dropout)
     except ValueError as exc:
         parser.error(str(exc))
+    plans = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
+    for plan in plans:
+        if isinstance(plan, int) and plan > args.layers:
+            parser.error(f"--checkpoint {plan}: more segments than the {args.layers} layers; choose 1 to "
+                         f"{args.layers} (or every_layer, sqrt)")
     if args.command == "explore":
+        _check_cost(parser, args, 1 + len(plans), args.layers, f"a first step, then one per plan: {1 + len(plans)} "
+                    f"× {args.layers} layers")
         try:
             written = explore(shape, args.optimizer, args.checkpoint, args.out, args.memory_viz)
         except OSError as exc:
@@ -444,7 +495,9 @@ def main(argv=None) -> int:
                      "stages)")
     par = Parallelism(args.tensor_parallel, args.sequence_parallel, args.pipeline_parallel,
                       args.microbatches or args.pipeline_parallel, args.zero, args.data_parallel)
+    steps = 1 if args.optimizer == "none" else 2  # a first step makes the optimizer states, then the measured one
     if par == Parallelism():
+        _check_cost(parser, args, steps, args.layers, f"{steps} step(s) × {args.layers} layers")
         print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
         return 0
     try:
@@ -453,6 +506,9 @@ def main(argv=None) -> int:
         parser.error(str(exc).replace("tensor_parallel", "--tensor-parallel").replace(
             "pipeline_parallel", "--pipeline-parallel").replace("sequence_parallel", "--sequence-parallel").replace(
             "data_parallel", "--data-parallel").replace("microbatches", "--microbatches").replace("zero", "--zero"))
+    _check_cost(parser, args, steps * par.microbatches, args.layers // par.pipeline,  # device 0: one stage
+                f"{steps} step(s) × {par.microbatches} microbatch(es) × {args.layers // par.pipeline} layers of one "
+                "stage")
     if not isinstance(args.checkpoint, str) or args.checkpoint not in ("none", "selective", "every_layer"):
         parser.error(f"--checkpoint {args.checkpoint} with parallelism: choose none, selective or every_layer")
     print(parallel_report(shape, par, args.optimizer, args.checkpoint, args.capacity))

@@ -93,13 +93,20 @@ def _breakpoints(create: bool = False) -> Breakpoints | None:
 
 
 def break_before(*patterns) -> None:
-    """Open pdb before the backward of every tape entry whose op kind or scoped name matches (this thread)."""
-    flat = [p for group in patterns for p in (group if isinstance(group, (list, tuple, set)) else [group])]
-    bad = [p for p in flat if not isinstance(p, str) or not p]
-    if bad or not flat:
-        raise TypeError(f"break_before: patterns must be non-empty strings (an op kind such as 'softmax' or dotted "
-                        f"parts of a scoped name such as 'transformer.h.1.attn'), got {bad[0] if bad else 'none'!r}")
-    _breakpoints(create=True).patterns.extend(flat)
+    """Open pdb before the backward of every tape entry whose op or scoped name matches (this thread). Each
+    pattern is a string; a list or tuple of them counts as its strings (`break_before(["softmax", "gelu"])`).
+    All are checked before any is added: a bad one raises here and leaves the breakpoints as they were."""
+    flat = [p for group in patterns for p in (group if isinstance(group, (list, tuple)) else [group])]
+    for p in flat:
+        if not isinstance(p, str):
+            raise TypeError(f"break_before: a pattern must be a string (an op kind such as 'softmax' or a scoped "
+                            f"name such as 'transformer.h.1.attn'), got {p!r} ({type(p).__name__})")
+        if not p.strip() or p != p.strip():
+            raise ValueError(f"break_before: pattern {p!r} is empty or has spaces around it; write e.g. 'softmax'")
+    found = _breakpoints(create=bool(flat))
+    for p in flat:
+        if p not in found.patterns:  # a pattern set twice stops once
+            found.patterns.append(p)
 
 
 def breakpoints() -> list[str]:

@@ -36,11 +36,15 @@ def lessons_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "lessons"
 
 
+class LessonsNotFound(FileNotFoundError):
+    """No lessons/ beside the package: installed from a wheel, without the repository."""
+
+
 def discover() -> list[Path]:
     """lessons/NN_*.py in order of their number."""
     folder = lessons_dir()
     if not folder.is_dir():
-        raise FileNotFoundError(
+        raise LessonsNotFound(
             f"no lessons folder at {folder}: the lessons ship with the repository, not the installed package. "
             "Clone the repository and install it with `pip install -e .` to run them."
         )
@@ -126,7 +130,10 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
     """
     paths = select(only)
     out = output_folder(out, quick)
-    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"--out {out}: cannot make that folder ({exc.strerror or exc})") from None
     stream = sys.stdout
     mode = "quick" if quick else "full"
     print(f"tinygrad_ckpt figures: {len(paths)} lesson(s), {mode} sizes, into {out}/", file=stream, flush=True)

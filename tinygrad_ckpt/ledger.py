@@ -28,6 +28,8 @@ import csv
 import functools
 import gc
 import json
+import math
+import numbers
 import os
 import time
 import tracemalloc
@@ -37,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from . import backend, explorer, memory_viz, state
+from .checks import number, one_of
 from .observe import Observer
 from .palette import layer_of
 from .tape import edge_name
@@ -114,6 +117,8 @@ class Ledger(Observer):
 
     def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False):
         self.capacity_bytes = capacity_bytes  # validated by the property below
+        if not isinstance(trace_numpy, (bool, np.bool_)):
+            raise TypeError(f"Ledger: trace_numpy must be True or False, got {trace_numpy!r}")
         self._entered = False
         self._observers = None  # while recording: the observer list of the thread that entered it
         self.trace_numpy = trace_numpy  # record tracemalloc's NumPy bytes at every op boundary
@@ -154,15 +159,15 @@ class Ledger(Observer):
     def capacity_bytes(self, value) -> None:
         if value is not None:
             wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
-            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            if not (number(value) or isinstance(value, str)):
                 raise TypeError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
             try:
-                number = parse_bytes(value) if isinstance(value, str) else value
+                size = parse_bytes(value) if isinstance(value, str) else value
             except ValueError:
                 raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}") from None
-            if not number > 0:
-                raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
-            value = int(number)
+            if not 1 <= size < math.inf:  # NaN fails too; None (not inf) means no limit
+                raise ValueError(f"Ledger: capacity_bytes must be {wanted} (None for no limit), got {value!r}")
+            value = int(size)
         self._capacity = value
 
     def __enter__(self) -> Ledger:
@@ -211,6 +216,7 @@ class Ledger(Observer):
     @contextlib.contextmanager
     def phase(self, name: str):
         """Attribute the ops inside to a phase ("recompute", "optimizer")."""
+        one_of("phase", "name", name, PHASES)
         self.begin_phase(name)
         try:
             yield
@@ -415,14 +421,18 @@ class Ledger(Observer):
 
     # ---- queries ---------------------------------------------------------------------------
     def live_bytes(self, category: str | None = None) -> int:
+        """Live bytes now, over all categories together or for one category."""
+        one_of("live_bytes", "category", category, CATEGORIES, none="all categories")
         return self._total if category is None else self.live[category]
 
     def peak_bytes(self, category: str | None = None) -> int:
         """Highest live bytes seen, over all categories together or for one category."""
+        one_of("peak_bytes", "category", category, CATEGORIES, none="all categories")
         return self.peak_total if category is None else self.peak[category]
 
     def flops(self, phase: str | None = None) -> int:
         """FLOPs recorded: all phases, or one of "forward", "backward", "recompute", "optimizer"."""
+        one_of("flops", "phase", phase, PHASES, none="all phases")
         return sum(self.flops_by_phase.values()) if phase is None else self.flops_by_phase[phase]
 
     def timeline(self) -> dict:
@@ -495,8 +505,11 @@ class Ledger(Observer):
         by="module": per scoped module name ("transformer.h.3.mlp"; cut to `depth` dot-separated parts if
         given); by="op": per op kind; by="name": per saved array.
         """
-        if by not in ("layer", "module", "op", "name"):
-            raise ValueError(f"saved_breakdown: by must be 'layer', 'module', 'op' or 'name', got {by!r}")
+        one_of("saved_breakdown", "by", by, ("layer", "module", "op", "name"))
+        if depth is not None and (isinstance(depth, bool) or not isinstance(depth, numbers.Integral) or depth < 1):
+            kind = ValueError if isinstance(depth, numbers.Integral) and not isinstance(depth, bool) else TypeError
+            raise kind(f"saved_breakdown: depth must be None or a positive int (dot-separated parts of the module "
+                       f"name to keep), got {depth!r}")
         out: dict[str, int] = {}
         for life in self._lifetimes.values():
             op_name = life.name.split(":")[0]
@@ -514,6 +527,7 @@ class Ledger(Observer):
 
     def flops_by_layer(self, phase: str = "forward") -> dict:
         """FLOPs of the ops of one phase, per layer (`layer_of` of the op's name)."""
+        one_of("flops_by_layer", "phase", phase, PHASES)
         out: dict[str, int] = {}
         for op in self.ops:
             if op["phase"] == phase:
@@ -549,6 +563,8 @@ class Ledger(Observer):
         checkpoint's slice wraps its segment's forward ops; a backward wraps each checkpoint's replay, which
         wraps the recomputed ops), and a counter track ("C") of the live bytes per category.
         Timestamps in microseconds since the ledger started."""
+        if path is not None:
+            _path("to_chrome_trace", path)
         trace = [{"ph": "M", "pid": 1, "tid": 1, "name": "process_name", "args": {"name": "tinygrad_ckpt"}}]
         for span in self.spans:
             trace.append({"ph": "X", "pid": 1, "tid": 1, "name": span["name"], "cat": "phase",
@@ -569,8 +585,9 @@ class Ledger(Observer):
         return doc
 
     def to_csv(self, path) -> None:
+        """Every event, one row each, under a header of the Event fields."""
         names = list(Event.__slots__)
-        with open(path, "w", newline="") as f:
+        with open(_path("to_csv", path), "w", newline="") as f:
             writer = csv.writer(f)
             writer.writerow(names)
             for ev in self.events:
@@ -591,6 +608,9 @@ class Ledger(Observer):
         compare: another Ledger, or a list of them, shown beside this one on one y axis (plain against
         checkpointed); labels: one per ledger (default "ledger 1", ...). Returns the path written.
         """
+        _path("to_html", path)  # every argument is checked before the file is opened
+        if title is not None and not isinstance(title, str):
+            raise TypeError(f"to_html: title must be a string (or None for the default), got {type(title).__name__}")
         others = [] if compare is None else list(compare) if isinstance(compare, (list, tuple)) else [compare]
         for i, other in enumerate(others):
             if not isinstance(other, Ledger):
@@ -605,18 +625,21 @@ class Ledger(Observer):
                              f"{len(others)} to compare), got {labels!r}")
         runs = [explorer.run_data(label, led.events, led.ops, led.lifetimes(), led.timeline(), led.backward_passes())
                 for label, led in zip(labels, ledgers)]
-        return explorer.write_html(_path("to_html", path), runs, explorer.DEFAULT_TITLE if title is None else title)
+        return explorer.write_html(path, runs, explorer.DEFAULT_TITLE if title is None else title)
 
     def to_jsonl(self, path) -> None:
-        with open(path, "w") as f:
+        """Every event as one JSON object per line."""
+        with open(_path("to_jsonl", path), "w") as f:
             for ev in self.events:
                 f.write(json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(ev).items()}))
                 f.write("\n")
 
 
 def _path(method: str, path):
+    """A file name, or TypeError naming the method: an int would be taken by open() as a file descriptor."""
     if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__}")
+        raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__} "
+                        f"{path!r}")
     return path
 
 

@@ -12,14 +12,63 @@ same path: `transformer.h.3.mlp.gelu` is the GELU inside block 3's MLP, whose fi
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 
 import numpy as np
 
 from . import backend
 from . import functional as F
 from .checkpoint import run_checkpointed
+from .checks import float_dtype, number, one_of
 from .state import name_scope
 from .tensor import Parameter, Tensor
+
+
+def _size(owner: str, name: str, value, least: int = 1) -> int:
+    """A size argument: an int (NumPy's too, not a bool) of at least `least`; else an error naming it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: {name} must be an int, got {value!r} ({type(value).__name__})")
+    if value < least:
+        raise ValueError(f"{owner}: {name} must be at least {least}, got {value}")
+    return int(value)
+
+
+def _real(owner: str, name: str, value, wanted: str, ok) -> float:
+    """A real-number argument (NumPy's too, not a bool) that passes `ok`; else an error naming it."""
+    if not number(value):
+        raise TypeError(f"{owner}: {name} must be a number ({wanted}), got {value!r} ({type(value).__name__})")
+    if not ok(value):
+        raise ValueError(f"{owner}: {name} must be {wanted}, got {value!r}")
+    return float(value)
+
+
+def _dropout(owner: str, p) -> float:
+    return _real(owner, "dropout", p, "a probability in [0, 1)", lambda v: 0 <= v < 1)
+
+
+def _float_dtype(owner: str, dtype):
+    if not float_dtype(dtype):
+        raise TypeError(f"{owner}: dtype must be a floating-point dtype such as np.float32 (parameters need "
+                        f"gradients), got {dtype!r}")
+    return dtype
+
+
+def _heads(owner: str, d_model, n_heads, heads_name: str = "n_heads") -> tuple[int, int]:
+    d_model, n_heads = _size(owner, "d_model", d_model), _size(owner, heads_name, n_heads)
+    if d_model % n_heads:
+        raise ValueError(f"{owner}: d_model={d_model} is not divisible by {heads_name}={n_heads}: each head takes "
+                         f"d_model/{heads_name} features; pick a divisor of {d_model}")
+    return d_model, n_heads
+
+
+def _input(owner: str, x, d_model: int) -> None:
+    """x must be a Tensor [B, T, d_model] (what a block and its attention read)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{owner}: x must be a Tensor [B, T, {d_model}], got {type(x).__name__}; wrap an array "
+                        "first: tg.Tensor(x)")
+    if len(x.shape) != 3 or x.shape[-1] != d_model:
+        raise ValueError(f"{owner}: x must be [B, T, {d_model}] (batch, sequence, d_model), got {list(x.shape)}")
 
 
 def _normal(shape, std: float, dtype) -> object:
@@ -88,27 +137,54 @@ class Module:
         return {name: p.numpy().copy() for name, p in self._named_parameters_all()}
 
     def load_state_dict(self, state: dict, strict: bool = True) -> None:
-        """Copy arrays into the parameters with matching names and shapes.
+        """Copy arrays into the parameters with matching names and shapes: all of them, or none.
 
-        nanoGPT's causal-mask buffers (`*.attn.bias`, present when it runs without flash attention)
-        are not parameters here and are skipped.
+        Every key, shape and dtype is checked before anything is copied, and one error names every problem:
+        missing and unexpected keys (with strict=True), shapes that differ, values that cannot be cast to the
+        parameter's dtype, and two names of one tied parameter given different values. nanoGPT's causal-mask
+        buffers (`*.attn.bias`, present when it runs without flash attention) are not parameters here and are
+        skipped.
         """
+        owner = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state, Mapping):
+            raise TypeError(f"{owner}: expected a dict {{name: array}} (as state_dict() returns), got "
+                            f"{type(state).__name__}")
+        if not isinstance(strict, (bool, np.bool_)):
+            raise TypeError(f"{owner}: strict must be True or False, got {strict!r}")
+        bad_keys = [k for k in state if not isinstance(k, str)]
+        if bad_keys:
+            raise TypeError(f"{owner}: keys must be parameter names (str), got {bad_keys!r}")
         own = dict(self._named_parameters_all())
         state = {k: v for k, v in state.items() if not (k.endswith("attn.bias") and k not in own)}
         missing = sorted(set(own) - set(state))
         unexpected = sorted(set(state) - set(own))
-        if strict and (missing or unexpected):
-            raise KeyError(f"load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
+        problems, ready = [], {}  # ready: id(parameter) -> (name, parameter, the value cast to its dtype)
         for name, value in state.items():
             if name not in own:
                 continue
             p = own[name]
-            value = np.asarray(value)
+            try:
+                value = np.asarray(value.numpy() if isinstance(value, Tensor) else value)
+            except (TypeError, ValueError) as exc:
+                problems.append(f"'{name}' is not an array ({type(value).__name__}: {exc})")
+                continue
             if tuple(value.shape) != p.shape:
-                raise ValueError(
-                    f"load_state_dict: '{name}' has shape {list(value.shape)} but the parameter is {list(p.shape)}"
-                )
-            p.data[...] = backend.current().asarray(value, dtype=p.dtype)
+                problems.append(f"'{name}' has shape {list(value.shape)} but the parameter is {list(p.shape)}")
+            elif value.dtype.kind not in "biuf" or not np.can_cast(value.dtype, p.dtype, casting="same_kind"):
+                problems.append(f"'{name}' has dtype {value.dtype}, which does not cast to the parameter's {p.dtype}")
+            else:
+                value = backend.current().asarray(value, dtype=p.dtype)
+                first = ready.setdefault(id(p), (name, p, value))
+                if first[2] is not value and not _same(first[2], value):
+                    problems.append(f"'{first[0]}' and '{name}' name one tied parameter but hold different values; "
+                                    f"give both the same array (e.g. sd['{name}'] = sd['{first[0]}'])")
+        if strict and (missing or unexpected):
+            raise KeyError(f"{owner}: missing keys {missing}, unexpected keys {unexpected}"
+                           + "".join(f"; {p}" for p in problems) + "; nothing was loaded")
+        if problems:
+            raise ValueError(f"{owner}: {'; '.join(problems)}; nothing was loaded")
+        for _, p, value in ready.values():
+            p.data[...] = value
 
     def to(self, dtype) -> Module:
         """Convert every parameter to `dtype` (e.g. np.float64 for gradient checks)."""
@@ -136,6 +212,12 @@ class Module:
 
     def extra_repr(self) -> str:
         return ""
+
+
+def _same(a, b) -> bool:
+    """Do two arrays of one backend hold the same values (NaN equal to NaN)? Shape-only arrays always do."""
+    be = backend.current()
+    return not be.has_values or bool(be.xp.array_equal(a, b, equal_nan=a.dtype.kind == "f"))
 
 
 def _name_children(container: Module, path: str) -> None:
@@ -180,6 +262,12 @@ class Linear(Module):
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, std: float = 0.02,
                  dtype=np.float32):
+        in_features, out_features = _size("Linear", "in_features", in_features, 0), _size(
+            "Linear", "out_features", out_features, 0)
+        if not isinstance(bias, (bool, np.bool_)):
+            raise TypeError(f"Linear: bias must be True or False, got {bias!r}")
+        std = _real("Linear", "std", std, "a standard deviation >= 0", lambda v: v >= 0)
+        _float_dtype("Linear", dtype)
         super().__init__()
         self.weight = Parameter(_normal((out_features, in_features), std, dtype), name="weight")
         self.bias = Parameter(backend.xp().zeros(out_features, dtype=dtype), name="bias") if bias else None
@@ -194,6 +282,9 @@ class Linear(Module):
 
 class LayerNorm(Module):
     def __init__(self, dim: int, eps: float = 1e-5, dtype=np.float32):
+        dim = _size("LayerNorm", "dim", dim, 0)
+        eps = _real("LayerNorm", "eps", eps, "a small number >= 0 such as 1e-5", lambda v: v >= 0)
+        _float_dtype("LayerNorm", dtype)
         super().__init__()
         self.weight = Parameter(backend.xp().ones(dim, dtype=dtype), name="weight")
         self.bias = Parameter(backend.xp().zeros(dim, dtype=dtype), name="bias")
@@ -208,6 +299,10 @@ class LayerNorm(Module):
 
 class Embedding(Module):
     def __init__(self, num_embeddings: int, dim: int, std: float = 0.02, dtype=np.float32):
+        num_embeddings, dim = _size("Embedding", "num_embeddings", num_embeddings, 0), _size(
+            "Embedding", "dim", dim, 0)
+        std = _real("Embedding", "std", std, "a standard deviation >= 0", lambda v: v >= 0)
+        _float_dtype("Embedding", dtype)
         super().__init__()
         self.weight = Parameter(_normal((num_embeddings, dim), std, dtype), name="weight")
 
@@ -221,7 +316,7 @@ class Embedding(Module):
 class Dropout(Module):
     def __init__(self, p: float = 0.0):
         super().__init__()
-        self.p = p
+        self.p = _real("Dropout", "p", p, "a probability in [0, 1)", lambda v: 0 <= v < 1)
 
     def forward(self, x):
         return F.dropout(x, self.p, self.training)
@@ -238,10 +333,9 @@ class CausalSelfAttention(Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1,
                  attention: str = "explicit"):
         super().__init__()
-        if d_model % n_heads:
-            raise ValueError(f"CausalSelfAttention: d_model={d_model} is not divisible by n_heads={n_heads}")
-        if attention not in ("explicit", "chunked"):
-            raise ValueError(f"CausalSelfAttention: attention must be 'explicit' or 'chunked', got {attention!r}")
+        d_model, n_heads = _heads("CausalSelfAttention", d_model, n_heads)
+        dropout, n_layer = _dropout("CausalSelfAttention", dropout), _size("CausalSelfAttention", "n_layer", n_layer)
+        one_of("CausalSelfAttention", "attention", attention, ("explicit", "chunked"))
         self.attention = attention
         self.c_attn = Linear(d_model, 3 * d_model)
         self.c_proj = Linear(d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
@@ -250,6 +344,7 @@ class CausalSelfAttention(Module):
         self.n_heads, self.d_model, self.dropout = n_heads, d_model, dropout
 
     def forward(self, x):
+        _input("CausalSelfAttention", x, self.d_model)
         B, T, C = x.shape
         H = self.n_heads
         qkv = self.c_attn(x)  # [B, T, 3C]
@@ -268,6 +363,9 @@ class CausalSelfAttention(Module):
 
 class MLP(Module):
     def __init__(self, d_model: int, dropout: float = 0.0, n_layer: int = 1, approximate: str = "none"):
+        d_model, dropout = _size("MLP", "d_model", d_model), _dropout("MLP", dropout)
+        n_layer = _size("MLP", "n_layer", n_layer)
+        one_of("MLP", "approximate", approximate, ("none", "tanh"))
         super().__init__()
         self.c_fc = Linear(d_model, 4 * d_model)
         self.c_proj = Linear(4 * d_model, d_model, std=0.02 / math.sqrt(2 * n_layer))
@@ -283,13 +381,18 @@ class Block(Module):
 
     def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, n_layer: int = 1,
                  attention: str = "explicit"):
+        d_model, n_heads = _heads("Block", d_model, n_heads)
+        dropout, n_layer = _dropout("Block", dropout), _size("Block", "n_layer", n_layer)
+        one_of("Block", "attention", attention, ("explicit", "chunked"))
         super().__init__()
+        self.d_model = d_model
         self.ln_1 = LayerNorm(d_model)
         self.attn = CausalSelfAttention(d_model, n_heads, dropout, n_layer, attention)
         self.ln_2 = LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout, n_layer)
 
     def forward(self, x):
+        _input("Block", x, self.d_model)
         x = x + self.attn(self.ln_1(x))
         return x + self.mlp(self.ln_2(x))
 
@@ -306,6 +409,10 @@ class GPT(Module):
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
                  dropout: float = 0.0, checkpoint=None, attention: str = "explicit"):
+        vocab_size, block_size = _size("GPT", "vocab_size", vocab_size), _size("GPT", "block_size", block_size)
+        n_layer, (d_model, n_head) = _size("GPT", "n_layer", n_layer, 0), _heads("GPT", d_model, n_head, "n_head")
+        dropout = _dropout("GPT", dropout)
+        one_of("GPT", "attention", attention, ("explicit", "chunked"))
         super().__init__()
         self.transformer = ModuleDict(
             wte=Embedding(vocab_size, d_model),
@@ -324,8 +431,11 @@ class GPT(Module):
         idx = given if be.is_array(given) else be.asarray(given)  # NumPy ids work on any backend
         if len(idx.shape) != 2 or idx.dtype.kind not in "iu":
             raise ValueError(f"GPT: idx must be integer token ids of shape [B, T], got {list(idx.shape)} {idx.dtype}"
-                             + ("; add a batch axis: idx[None]" if len(idx.shape) == 1 else ""))
+                             + ("; add a batch axis: idx[None]" if len(idx.shape) == 1 else "")
+                             + ("; convert: idx.astype(np.int64)" if idx.dtype.kind in "fb" else ""))
         B, T = idx.shape
+        if T == 0:
+            raise ValueError(f"GPT: idx {list(idx.shape)} holds no positions: give at least one token per row")
         if T > self.block_size:
             raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
         tr = self.transformer

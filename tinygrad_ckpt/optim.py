@@ -8,33 +8,89 @@ named `<parameter path>:<optimizer>.<state>`, e.g. `transformer.h.0.attn.c_attn.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+from collections.abc import Mapping, Set
+
 from . import observe
 from .backend import threads, xp
+from .checks import float_dtype, number
 from .tensor import Tensor, increment_version
 
 
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _check(optimizer: str, name: str, value, ok, wanted: str) -> None:
+def _check(optimizer: str, name: str, value, ok, wanted: str):
     """ValueError at construction, as PyTorch's optimizers do: a wrong hyperparameter steps uphill silently.
-    `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool."""
-    if not (ok if isinstance(ok, bool) else _number(value) and ok(value)):
+    `ok` is a test of a number (a non-number fails it) or, for a structured value, a plain bool. Returns the
+    value with a NumPy scalar made a Python float (`_plain`)."""
+    if not (ok if isinstance(ok, bool) else number(value) and ok(value)):
         raise ValueError(f"{optimizer}: invalid {name} {value!r}: expected {wanted}")
+    return _plain(value)
+
+
+def _plain(value):
+    """A NumPy scalar as a Python float (np.float32 hyperparameters would change the update's arithmetic)."""
+    return value if type(value) in (int, float) or not number(value) else float(value)
+
+
+def _parameters(optimizer: str, params) -> list:
+    """The parameters as a list, refusing what PyTorch refuses (a set, a non-Tensor, a non-leaf) and a parameter
+    given twice (PyTorch warns that this "will cause an error" in future: it updates the tensor twice per step)."""
+    hint = "pass model.parameters()"
+    if isinstance(params, Tensor):
+        raise TypeError(f"{optimizer}: params must be an iterable of Tensors, got one Tensor "
+                        f"'{params.name or 'tensor'}'; pass [tensor] or model.parameters()")
+    if isinstance(params, (Set, Mapping)) or not hasattr(params, "__iter__"):
+        why = "a set has no stable order" if isinstance(params, Set) else "it is not iterable"
+        raise TypeError(f"{optimizer}: params must be a list (or another ordered iterable) of Tensors, got "
+                        f"{type(params).__name__} ({why}); {hint}")
+    params = list(params)
+    if not params:
+        raise ValueError(f"{optimizer}: got an empty parameter list; {hint}")
+    seen: dict[int, int] = {}
+    for i, p in enumerate(params):
+        if isinstance(p, Mapping):
+            raise TypeError(f"{optimizer}: parameter groups (dicts) are not supported; give one list of Tensors and "
+                            "make one optimizer per group of hyperparameters")
+        if not isinstance(p, Tensor) or not p.requires_grad:
+            raise TypeError(f"{optimizer}: every parameter must be a Tensor that requires grad, got {p!r} at "
+                            f"position {i}")
+        if not p.is_leaf:
+            raise ValueError(f"{optimizer}: can't optimize a non-leaf Tensor ('{p.name or 'tensor'}' at position {i} "
+                             "was made by an op); pass the leaf parameters, e.g. model.parameters()")
+        if id(p) in seen:
+            raise ValueError(f"{optimizer}: parameter '{p.name or 'tensor'}' {list(p.shape)} appears twice (positions "
+                             f"{seen[id(p)]} and {i}): a tied parameter would be updated twice per step; "
+                             f"{hint}, which lists a tied parameter once")
+        seen[id(p)] = i
+    return params
+
+
+@contextlib.contextmanager
+def _sigint_held():
+    """Hold SIGINT (Ctrl-C) while the block runs, then hand it to the handler that was there before (Python's
+    raises KeyboardInterrupt). Only the main thread can set a signal handler: elsewhere, and where the handler in
+    place was not set from Python (it could not be put back), this does nothing."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught:
+            signal.raise_signal(signal.SIGINT)  # delivered now, to the handler that was there
 
 
 class Optimizer:
     def __init__(self, params, lr: float, state_dtype=None):
-        self.params = [p for p in params]
         name = type(self).__name__
-        if not self.params:
-            raise ValueError(f"{name}: got an empty parameter list; pass model.parameters()")
-        for p in self.params:
-            if not isinstance(p, Tensor) or not p.requires_grad:
-                raise TypeError(f"{name}: every parameter must be a Tensor that requires grad, got {p!r}")
-        _check(name, "lr", lr, lambda v: v >= 0, "a learning rate >= 0")
-        self.lr = lr
+        self.params = _parameters(name, params)
+        self.lr = _check(name, "lr", lr, lambda v: v >= 0, "a learning rate >= 0")
+        _check(name, "state_dtype", state_dtype, state_dtype is None or float_dtype(state_dtype),
+               "None (the parameter's dtype) or a floating-point dtype such as np.float32")
         self.state_dtype = state_dtype  # None: the parameter's dtype (as PyTorch); e.g. np.float32 for fp16 params
         self.state: dict[int, dict] = {}
         self.step_count = 0
@@ -69,7 +125,9 @@ class Optimizer:
         return st
 
     def step(self) -> None:
-        with observe.phase("optimizer"):
+        """Update every parameter that has a gradient. A Ctrl-C during the step is held until the step ends (on the
+        main thread), so every parameter gets its whole update first: a checkpoint saved in the handler is whole."""
+        with _sigint_held(), observe.phase("optimizer"):
             self.step_count += 1
             kind, flops = type(self).__name__.lower(), self.flops_per_element()
             for p in self.params:
@@ -88,9 +146,8 @@ class SGD(Optimizer):
     def __init__(self, params, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
                  state_dtype=None):
         super().__init__(params, lr, state_dtype)
-        _check("SGD", "momentum", momentum, lambda v: v >= 0, "momentum >= 0")
-        _check("SGD", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
-        self.momentum, self.weight_decay = momentum, weight_decay
+        self.momentum = _check("SGD", "momentum", momentum, lambda v: v >= 0, "momentum >= 0")
+        self.weight_decay = _check("SGD", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
 
     def flops_per_element(self) -> int:
         return 2 + (2 if self.weight_decay else 0) + (2 if self.momentum else 0)  # w -= lr·v; + λ·w; μ·v + g
@@ -115,11 +172,11 @@ class AdamW(Optimizer):
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.01, state_dtype=None):
         super().__init__(params, lr, state_dtype)
-        ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(_number(b) and 0 <= b < 1 for b in betas)
+        ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(number(b) and 0 <= b < 1 for b in betas)
         _check("AdamW", "betas", betas, ok, "two numbers in [0, 1), e.g. (0.9, 0.999)")
-        _check("AdamW", "eps", eps, lambda v: v > 0, "eps > 0")
-        _check("AdamW", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
-        self.betas, self.eps, self.weight_decay = tuple(betas), eps, weight_decay
+        self.betas = tuple(_plain(b) for b in betas)
+        self.eps = _check("AdamW", "eps", eps, lambda v: v > 0, "eps > 0")
+        self.weight_decay = _check("AdamW", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
 
     def flops_per_element(self) -> int:
         # m: 3, v: 4, v̂ and √v̂ + eps: 3, w -= step·m/denom: 3, decay: 1

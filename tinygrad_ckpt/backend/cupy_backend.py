@@ -11,7 +11,11 @@ class CupyBackend(Backend):
     name = "cupy"
 
     def __init__(self):
-        import cupy
+        try:
+            import cupy
+        except ImportError as exc:
+            raise ImportError('the "cupy" backend needs CuPy, which is not installed: pip install -e ".[gpu]" on a '
+                              "machine with a CUDA GPU (or use the numpy backend)") from exc
 
         self.xp = cupy
         self._cupy = cupy

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -100,9 +100,26 @@ def rows(kernel, *arrays, inner: int = 1) -> None:
     bounds = [count * i // parts for i in range(parts + 1)]
     pool = _workers(parts - 1)
     futures = [pool.submit(run, lo, hi) for lo, hi in zip(bounds[1:], bounds[2:])]
-    run(bounds[0], bounds[1])  # the calling thread takes the first share
+    try:
+        run(bounds[0], bounds[1])  # the calling thread takes the first share
+    finally:
+        _join(futures)
     for f in futures:
         f.result()
+
+
+def _join(futures) -> None:
+    """Wait until every share is done, through a Ctrl-C too (raised once they are): when an error or a
+    KeyboardInterrupt leaves `rows`, no worker is still writing into its arrays."""
+    interrupted = None
+    while True:
+        try:
+            wait(futures)
+            break
+        except KeyboardInterrupt as exc:
+            interrupted = exc
+    if interrupted is not None:
+        raise interrupted
 
 
 def _workers(count: int) -> ThreadPoolExecutor:

@@ -70,12 +70,13 @@ class ChunkedAttention(Function):
                 area += (i1 - i0) * (j1 - j0)
                 block_max = s.max(axis=-1, keepdims=True)
                 m_new = block_max if m is None else xp().maximum(m, block_max)
-                s -= m_new
+                shift = _shift(m_new)
+                s -= shift
                 p = xp().exp(s)
                 if m is None:
                     l_sum, acc = p.sum(axis=-1, keepdims=True), _dropped(ctx, p, bi, bj) @ v[..., j0:j1, :]
                 else:
-                    correction = xp().exp(m - m_new)
+                    correction = xp().exp(m - shift)
                     l_sum *= correction
                     l_sum += p.sum(axis=-1, keepdims=True)
                     acc *= correction
@@ -128,11 +129,18 @@ def _visible(ctx, i0: int, i1: int, tq: int, tk: int):
 
 
 def _mask_partial(ctx, s, i0: int, i1: int, j0: int, j1: int, tq: int, tk: int) -> None:
-    """-inf in place where a block straddles the diagonal (key j > query i + tk - tq)."""
+    """-inf in place where a block straddles the diagonal (key j > query i + tk - tq). Set, not added: a NaN or inf
+    score of a future key (NaN + -inf is NaN) must not reach the queries before it, as on the explicit path."""
     first_hidden = i0 + tk - tq - j0 + 1  # column offset from the diagonal, in block coordinates
     if ctx.causal and j1 - 1 >= i0 + tk - tq + 1:  # some key of the block is after the first query's horizon
         hidden = xp().triu(xp().ones((i1 - i0, j1 - j0), dtype=bool), k=first_hidden)
-        s += xp().where(hidden, xp().asarray(-math.inf, dtype=s.dtype), xp().zeros((), dtype=s.dtype))
+        xp().copyto(s, xp().asarray(-math.inf, dtype=s.dtype), where=hidden)
+
+
+def _shift(m):
+    """The running row maximum to subtract, 0 where it is still -inf (every score so far -inf: a key of -inf, or a
+    masked one): -inf - -inf would be NaN, and the explicit path's softmax sees the row's finite scores too."""
+    return xp().where(m == -math.inf, xp().zeros((), dtype=m.dtype), m)
 
 
 def _dropped(ctx, p, bi: int, bj: int):
@@ -152,6 +160,9 @@ def _check(q, k, v, causal, dropout_p, block_size) -> None:
                          f"got {block_size!r}; 64 to 256 is a good range")
     if not 0.0 <= dropout_p < 1.0:
         raise ValueError(f"chunked_attention: dropout_p must be in [0, 1), got {dropout_p}")
+    if not q.dtype == k.dtype == v.dtype:  # as PyTorch's scaled_dot_product_attention: no silent promotion
+        raise ValueError(f"chunked_attention: expected query, key, and value to have the same dtype, got q {q.dtype}, "
+                         f"k {k.dtype}, v {v.dtype}; give them one dtype (e.g. create all three float32)")
     if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
         raise ValueError(f"chunked_attention: {shapes} do not fit: q and k need the same leading axes and head_dim, "
                          "k and v the same leading axes and length (broadcast them first)")

@@ -1,0 +1,38 @@
+"""A caller's arguments, checked once for every public entry point that takes them (modules, optimizers, the
+ledger): a real number, a floating-point dtype, one of a few names. Each error names the call, the argument,
+the value and what it must be."""
+
+from __future__ import annotations
+
+import difflib
+import numbers
+
+import numpy as np
+
+
+def number(x) -> bool:
+    """A real number: Python's or NumPy's (np.float32(0.1), np.int64(1)), not a bool."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def float_dtype(dtype) -> bool:
+    """Does `dtype` name a floating-point dtype (np.float32, "float16")?"""
+    try:
+        return np.dtype(dtype).kind == "f"
+    except TypeError:
+        return False
+
+
+def one_of(where: str, argument: str, value, valid, none: str | None = None) -> None:
+    """ValueError unless `value` is one of the names in `valid` (or None, when `none` says what None means),
+    listing them and the closest one: "flops_by_layer: phase must be 'forward', ... or 'optimizer', got 'fwd'
+    (did you mean 'forward'?)"."""
+    if (value is None and none is not None) or (isinstance(value, str) and value in valid):
+        return
+    names = [repr(v) for v in valid]
+    listed = " or ".join(names) if len(names) < 3 else f"{', '.join(names[:-1])} or {names[-1]}"
+    close = []
+    if isinstance(value, str) and value:
+        close = [v for v in valid if v.startswith(value)] or difflib.get_close_matches(value, valid, n=1, cutoff=0.5)
+    raise ValueError(f"{where}: {argument} must be {listed}" + (f", or None ({none})" if none else "")
+                     + f", got {value!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
