@@ -135,8 +135,16 @@ def test_without_the_repository_a_command_says_so_in_one_line(command, tmp_path,
 
 @pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed here")
 def test_a_missing_cupy_says_how_to_install_it():
+    """TINYGRAD_CKPT_BACKEND=cupy without CuPy: importing the package still works (the backend is made on first
+    use), the CLI says so in one line and exits 2, and an op says it with an ImportError."""
     env = {**os.environ, "TINYGRAD_CKPT_BACKEND": "cupy"}
-    done = subprocess.run([sys.executable, "-c", "import tinygrad_ckpt"], env=env, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "tinygrad_ckpt.cli", "estimate", "--layers", "2"], env=env,
+                          capture_output=True, text=True)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr == ('tinygrad-ckpt: error: the "cupy" backend needs CuPy, which is not installed: pip install '
+                           '-e ".[gpu]" on a machine with a CUDA GPU (or use the numpy backend)\n')
+    done = subprocess.run([sys.executable, "-c", "import tinygrad_ckpt as tg; tg.Tensor([1.0])"], env=env,
+                          capture_output=True, text=True)
     assert done.returncode == 1
     assert done.stderr.strip().splitlines()[-1] == (
         'ImportError: the "cupy" backend needs CuPy, which is not installed: pip install -e ".[gpu]" on a machine '

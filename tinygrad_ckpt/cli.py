@@ -33,6 +33,7 @@ import statistics
 import sys
 from dataclasses import dataclass
 
+from . import backend
 from . import estimate as est
 from .measure import ParallelStep, SteadyStep, saved_after_forward
 from .parallel import Parallelism
@@ -447,6 +448,11 @@ def _checkout(command: str) -> bool:
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
+    try:
+        backend.current()  # the one TINYGRAD_CKPT_BACKEND names: a missing CuPy is one line here
+    except (ImportError, ValueError) as exc:
+        print(f"tinygrad-ckpt: error: {exc}", file=sys.stderr)
+        return 2
     if args.command is None:
         parser.print_help()
         return 0

@@ -14,9 +14,10 @@ other's settings:
 A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
 (tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
 
-Per process: the creation number of every tensor, the sequence number every entry gets when
-recorded, and the record of buffers changed in place (each change also takes a sequence number, so
-an entry knows a saved buffer changed after it was recorded when the change's number is larger).
+Per process: the active backend (backend.use_backend), the creation number of every tensor, the
+sequence number every entry gets when recorded, and the record of buffers changed in place (each
+change also takes a sequence number, so an entry knows a saved buffer changed after it was recorded
+when the change's number is larger).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import threading
 import weakref
 
 thread_start: list = []  # factories of the observers every new thread starts with
+backend = None  # the active backend (backend.current() makes it on first use)
 
 
 class ThreadState(threading.local):

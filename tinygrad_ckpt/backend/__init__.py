@@ -39,24 +39,24 @@ def _make(name: str) -> Backend:
     return BACKENDS[name]()
 
 
-_current: Backend = _make(os.environ.get("TINYGRAD_CKPT_BACKEND", "numpy"))
-
-
 def current() -> Backend:
-    return _current
+    """The active backend (state.backend): the one TINYGRAD_CKPT_BACKEND names (default NumPy) until
+    `use_backend` picks another; made on first use, so a missing CuPy is an error there, not at import."""
+    if state.backend is None:
+        state.backend = _make(os.environ.get("TINYGRAD_CKPT_BACKEND", "numpy"))
+    return state.backend
 
 
 def xp():
     """The array namespace of the active backend (numpy, cupy, or the meta namespace)."""
-    return _current.xp
+    return current().xp
 
 
 def use_backend(name: str) -> Backend:
     """Switch the active backend for arrays created from now on; returns the new backend."""
-    global _current
-    if name != _current.name:
-        _current = _make(name)
-    return _current
+    if state.backend is None or name != state.backend.name:
+        state.backend = _make(name)
+    return state.backend
 
 
 def unbroadcast(grad, shape):
@@ -75,7 +75,7 @@ def unbroadcast(grad, shape):
 def zeros_view(shape, dtype):
     """An array of zeros of `shape` that holds no memory of its own (one 0-d zero, broadcast): a stand-in for an
     output nothing reads."""
-    xp = _current.xp
+    xp = current().xp
     return xp.broadcast_to(xp.zeros((), dtype=dtype), shape)
 
 
@@ -114,7 +114,7 @@ def set_rng_state(rng: tuple[int, int]) -> None:
 def next_generator():
     """A fresh generator for one draw; advances this thread's counter."""
     st = state.local
-    gen = _current.generator(st.seed, st.counter)
+    gen = current().generator(st.seed, st.counter)
     st.counter += 1
     return gen
 
@@ -130,4 +130,4 @@ def next_stream() -> tuple[int, int]:
 
 def stream_generator(stream: tuple[int, int], *keys: int):
     """The generator of one piece of a reserved draw (see next_stream)."""
-    return _current.generator(*stream, *keys)
+    return current().generator(*stream, *keys)
