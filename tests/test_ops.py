@@ -121,6 +121,8 @@ REGISTRY = [
     OpCase("reshape_noncontiguous", lambda a: a.permute(2, 0, 1).reshape(4, 6), [(2, 3, 4)],
            torch=lambda t, a: a.permute(2, 0, 1).reshape(4, 6)),
     OpCase("view", lambda a: a.view(3, 8), [(2, 3, 4)], torch=lambda t, a: a.view(3, 8)),
+    OpCase("view_op", lambda a: ops.View.apply(a, shape=(3, 8)), [(2, 3, 4)], torch=lambda t, a: a.view(3, 8)),
+    OpCase("cast", lambda a: ops.Cast.apply(a, dtype=a.dtype) * 2.0, [(3, 4)], torch=lambda t, a: a * 2.0),
     OpCase("permute", lambda a: a.permute(2, 0, 1), [(2, 3, 4)], torch=lambda t, a: a.permute(2, 0, 1)),
     OpCase("permute_negative", lambda a: a.permute((-1, 0, 1)), [(2, 3, 4)],
            torch=lambda t, a: a.permute(-1, 0, 1)),
