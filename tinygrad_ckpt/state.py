@@ -14,8 +14,9 @@ other's settings:
 A new thread starts with gradients on, no scope, no observer and seed 0.
 
 Per process: the breakpoints of `tg.debug`, the sequence number every entry gets when recorded,
-and the record of buffers changed in place (each change also takes a sequence number, so an entry
-knows a saved buffer changed after it was recorded when the change's number is larger).
+the record of buffers changed in place (each change also takes a sequence number, so an entry
+knows a saved buffer changed after it was recorded when the change's number is larger), and the
+leaves that require grad by buffer (an in-place change through a view of one is refused).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ breakpoints: list[str] = [p for p in os.environ.get("TINYGRAD_CKPT_BREAK", "").s
 
 _sequence = itertools.count()  # next() is atomic in CPython: safe across threads
 changed: dict[int, tuple[int, int, str]] = {}  # id(buffer) -> (sequence number, version, tensor name)
+grad_leaves = weakref.WeakValueDictionary()  # id(buffer) -> a leaf requiring grad on it (in-place checks)
 
 
 def next_sequence() -> int:
