@@ -72,7 +72,7 @@ def test_the_default_block_size_is_one_constant(rng):
         half = T - BLOCK_SIZE  # the second, shorter block of queries sees both key blocks
         assert entry.ctx.flops[0] == (BLOCK_SIZE * BLOCK_SIZE + half * T) * (2 * 4 + 2 * 4 + 5)
     block = nn.Block(8, 2, attention="chunked")
-    y = block(tg.Tensor(rng.standard_normal((1, T, 8))))
+    y = block(tg.Tensor(rng.standard_normal((1, T, 8)).astype(np.float32)))  # the block's dtype (as PyTorch asks)
     (entry,) = [e for e in y.tape().entries if e.op == "chunked_attention"]
     assert entry.ctx.block_size == BLOCK_SIZE
 

@@ -18,16 +18,16 @@ from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
 from .policies import Decision, Policy, korthikanti_selective, save_matmuls, save_nothing
-from .state import enable_grad, name_scope, no_grad
+from .state import enable_grad, is_grad_enabled, name_scope, no_grad, set_grad_enabled
 from .tape import Tape, TapeEntry
 from .tapeview import draw_tape, print_saved
 from .tensor import Parameter, Tensor, increment_version
 
 __all__ = [
-    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "enable_grad",
-    "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state", "use_backend", "Ledger",
-    "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy", "Decision",
-    "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional", "nn", "optim",
-    "draw_tape", "print_saved",
+    "Tensor", "Parameter", "Function", "Context", "Tape", "TapeEntry", "no_grad", "enable_grad", "set_grad_enabled",
+    "is_grad_enabled", "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state",
+    "use_backend", "Ledger", "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy",
+    "Decision", "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional",
+    "nn", "optim", "draw_tape", "print_saved",
 ]
 __version__ = "0.1.0"

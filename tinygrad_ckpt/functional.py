@@ -51,9 +51,17 @@ def embedding(ids, weight):
 
 def cross_entropy(logits, targets, ignore_index: int = -1):
     """Mean negative log-likelihood of integer `targets` [N] under `logits` [N, C], over the targets that are
-    not `ignore_index`. Unlike PyTorch (NaN), a batch whose targets are all ignored gives 0 and zero gradients:
-    a NaN there would reach every parameter through the optimizer."""
-    return ops.CrossEntropy.apply(logits, _data(targets), ignore_index=ignore_index)
+    not `ignore_index`; one example unbatched (logits [C], a 0-d target) as PyTorch takes it. Unlike PyTorch
+    (NaN), a batch whose targets are all ignored gives 0 and zero gradients: a NaN there would reach every
+    parameter through the optimizer."""
+    targets = _data(targets)
+    if len(logits.shape) == 1:
+        targets = xp().asarray(targets)
+        if targets.shape != ():
+            raise ValueError(f"cross_entropy: unbatched logits [{logits.shape[0]}] take one 0-d target, got targets "
+                             f"{list(targets.shape)}; for a batch pass logits [N, C] and targets [N]")
+        logits, targets = logits.reshape(1, -1), targets.reshape(1)
+    return ops.CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
 
 
 def causal_mask(t_q: int, t_k: int):

@@ -15,16 +15,20 @@ A new thread starts with gradients on, no scope, seed 0, and the observers of `t
 (tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
 
 Per process: the active backend (backend.use_backend), the creation number of every tensor, the
-sequence number every entry gets when recorded, and the record of buffers changed in place (each
-change also takes a sequence number, so an entry knows a saved buffer changed after it was recorded
-when the change's number is larger).
+sequence number every entry gets when recorded, the record of buffers changed in place (each change
+also takes a sequence number, so an entry knows a saved buffer changed after it was recorded when the
+change's number is larger), and the leaves that require grad by buffer (an in-place change through a
+view of one is refused).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import itertools
 import threading
+import types
 import weakref
 
 thread_start: list = []  # factories of the observers every new thread starts with
@@ -49,6 +53,7 @@ local = ThreadState()
 _tensors = itertools.count()  # next() is atomic in CPython: safe across threads
 _sequence = itertools.count()
 changed: dict[int, tuple[int, int, str]] = {}  # id(buffer) -> (sequence number, version, tensor name)
+grad_leaves = weakref.WeakValueDictionary()  # id(buffer) -> a leaf requiring grad on it (in-place checks)
 
 
 def next_tensor() -> int:
@@ -91,16 +96,89 @@ def patched(**values):
             setattr(local, k, v)
 
 
-def no_grad():
-    """Run ops without recording: nothing is saved, outputs do not require grad (this thread only)."""
-    return patched(grad_enabled=False)
-
-
-def enable_grad():
-    """Record again inside a `no_grad()` block (this thread only)."""
-    return patched(grad_enabled=True)
-
-
 def name_scope(name: str):
     """Prefix the names of ops recorded inside with `name` (modules do this when called)."""
     return patched(prefix=f"{local.prefix}{name}.") if name else contextlib.nullcontext()
+
+
+# ---- grad mode: a context manager and a decorator, as PyTorch's -------------------------------------------------
+class GradMode:
+    """Recording on (`enabled`) or off for a `with` block, or for every call of a function it decorates. Decorating a
+    generator function or an `async def`, the mode holds inside each resumption and not between them (PyTorch's
+    decorators do the same for generators), so code that drives the generator keeps its own mode."""
+
+    def __init__(self, enabled: bool):
+        self.enabled, self._before = bool(enabled), []
+
+    def __enter__(self):
+        self._before.append(local.grad_enabled)
+        local.grad_enabled = self.enabled
+
+    def __exit__(self, *exc):
+        local.grad_enabled = self._before.pop()
+
+    def __call__(self, fn):
+        mode = self.enabled
+        if inspect.iscoroutinefunction(fn):
+            async def call(*args, **kwargs):
+                return await _resumed(mode, fn(*args, **kwargs))
+        elif inspect.isgeneratorfunction(fn):
+            def call(*args, **kwargs):
+                return (yield from _resumed(mode, fn(*args, **kwargs)))
+        else:
+            def call(*args, **kwargs):
+                with GradMode(mode):
+                    return fn(*args, **kwargs)
+        return functools.wraps(fn)(call)
+
+
+@types.coroutine
+def _resumed(mode: bool, steps):
+    """Drive a generator or coroutine with the grad mode set to `mode` while it runs, restored while it waits."""
+    sent, thrown = None, None
+    while True:
+        with GradMode(mode):
+            try:
+                out = steps.send(sent) if thrown is None else steps.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+        sent, thrown = None, None
+        try:
+            sent = yield out
+        except GeneratorExit:
+            steps.close()
+            raise
+        except BaseException as exc:  # thrown in by the caller: passed on inside the mode
+            thrown = exc
+
+
+def no_grad() -> GradMode:
+    """Run ops without recording: nothing is saved, outputs do not require grad (this thread only)."""
+    return GradMode(False)
+
+
+def enable_grad() -> GradMode:
+    """Record again inside a `no_grad()` block (this thread only)."""
+    return GradMode(True)
+
+
+class set_grad_enabled(GradMode):  # noqa: N801  (PyTorch's name)
+    """`set_grad_enabled(mode)` turns recording on or off at once (this thread); used in `with` or as a decorator, only
+    for that block or function, as PyTorch's."""
+
+    def __init__(self, mode: bool):
+        super().__init__(mode)
+        self._before.append(local.grad_enabled)
+        local.grad_enabled = self.enabled
+
+    def __enter__(self):
+        pass  # set already, by the call
+
+    def __call__(self, fn):
+        local.grad_enabled = self._before.pop()  # a decorator changes nothing until the function runs
+        return super().__call__(fn)
+
+
+def is_grad_enabled() -> bool:
+    """Whether ops record on this thread now."""
+    return local.grad_enabled

@@ -7,6 +7,11 @@ functions in `ops/`.
 
 In-place methods (`add_`, `sub_`, `mul_`, `zero_`, `copy_`) change `data` and bump its version, so
 an entry that saved the old values refuses to run backward; `x += y` builds a new tensor.
+
+As in PyTorch: comparisons (`==`, `<`, ...) are elementwise and give bool tensors that need no grad, so
+a tensor is hashed by identity (the engine keys tensors by `id`) and `x in [y]` compares values (and
+raises for more than one element, as `bool()` of a tensor does); NumPy arrays on the left of an
+operator defer to the tensor (`np_array + t` is a Tensor on the graph).
 """
 
 from __future__ import annotations
@@ -19,6 +24,9 @@ from .tape import Tape, backward_steps, graph, run
 
 def _as_array(data, dtype):
     """A backend array for `data`; Python floats and lists become float32 (NumPy arrays keep theirs)."""
+    if isinstance(data, Tensor):
+        raise TypeError(f"Tensor(data): data is already a Tensor ({list(data.shape)} {data.dtype}); use t.detach() for "
+                        "a tensor of the same data cut from the graph, or tg.Tensor(t.numpy().copy()) for a copy")
     be = backend.current()
     if be.is_array(data):
         return data if dtype is None or data.dtype == dtype else data.astype(dtype)
@@ -33,6 +41,8 @@ class Tensor:
 
     __slots__ = ("data", "requires_grad", "name", "_grad", "_uid", "_entry", "_index", "__weakref__")
     is_parameter = False
+    __array_ufunc__ = None  # NumPy's operators return NotImplemented, so Python calls ours (np_array + t: __radd__)
+    __hash__ = object.__hash__  # by identity: == compares values
 
     def __init__(self, data, requires_grad: bool = False, name: str | None = None, dtype=None):
         self._init(_as_array(data, dtype), requires_grad, None, 0)
@@ -155,6 +165,7 @@ class Tensor:
                 f"{call}: only floating-point tensors can require gradients, got dtype {self.dtype} "
                 f"(shape {list(self.shape)}). Convert first, e.g. tg.Tensor(x.astype(np.float32), requires_grad=True)."
             )
+        state.grad_leaves[id(backend.current().buffer(self.data)[0])] = self  # see _change
 
     def zero_grad(self) -> None:
         self.grad = None
@@ -167,12 +178,21 @@ class Tensor:
         return change[1] if change else 0
 
     def _change(self, method: str, update, other=None) -> Tensor:
-        if state.local.grad_enabled and (self.requires_grad or getattr(other, "requires_grad", False)):
-            raise RuntimeError(
-                f"{method}: '{self.name or 'tensor'}' {list(self.shape)} takes part in a graph (it or the other "
-                "operand requires grad), and an in-place change cannot be recorded. Change it under "
-                "`with tg.no_grad():` (as optimizers do), or use the out-of-place operator (x = x + y)."
-            )
+        if state.local.grad_enabled:
+            if self.requires_grad or getattr(other, "requires_grad", False):
+                raise RuntimeError(
+                    f"{method}: '{self.name or 'tensor'}' {list(self.shape)} takes part in a graph (it or the other "
+                    "operand requires grad), and an in-place change cannot be recorded. Change it under "
+                    "`with tg.no_grad():` (as optimizers do), or use the out-of-place operator (x = x + y)."
+                )
+            leaf = _leaf_viewed_by(self)
+            if leaf is not None:
+                raise RuntimeError(
+                    f"{method}: a view of a leaf Variable that requires grad is being used in an in-place operation "
+                    f"(PyTorch's words): this {list(self.shape)} tensor views the buffer of '{leaf.name or 'tensor'}' "
+                    f"{list(leaf.shape)}, taken before requires_grad was set or under no_grad. Change it under "
+                    "`with tg.no_grad():`, or change a copy."
+                )
         update(self.data, _raw(other))
         increment_version(self)
         return self
@@ -181,6 +201,7 @@ class Tensor:
         return self._change("add_", lambda a, b: a.__iadd__(b), other)
 
     def sub_(self, other) -> Tensor:
+        ops.no_bool("sub_", self, other)
         return self._change("sub_", lambda a, b: a.__isub__(b), other)
 
     def mul_(self, other) -> Tensor:
@@ -220,7 +241,26 @@ class Tensor:
         return self.numpy().item()
 
     def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d tensor")
         return self.shape[0]
+
+    def __iter__(self):
+        if not self.shape:
+            raise TypeError("iteration over a 0-d tensor")
+        return (self[i] for i in range(self.shape[0]))
+
+    def __bool__(self) -> bool:
+        if self.size != 1:
+            raise RuntimeError(f"Boolean value of a Tensor of shape {list(self.shape)} ({self.size} values) is "
+                               "ambiguous, as in PyTorch: use (x == y).numpy().all() or .any(); to find a tensor in a "
+                               "list, compare identities (any(t is x for t in ts))")
+        return bool(self.item())
+
+    def __array__(self, dtype=None, copy=None):
+        """np.asarray(t): the values (PyTorch's tensors convert too)."""
+        out = self.numpy()
+        return out.astype(dtype) if dtype is not None else out.copy() if copy else out
 
     def __repr__(self) -> str:
         parts = [f"shape={list(self.shape)}", f"dtype={self.dtype}"]
@@ -274,6 +314,24 @@ class Tensor:
     def __getitem__(self, index):
         return ops.getitem(self, index)
 
+    def __eq__(self, other):
+        return ops.compare("eq", self, other)
+
+    def __ne__(self, other):
+        return ops.compare("ne", self, other)
+
+    def __lt__(self, other):
+        return ops.compare("lt", self, other)
+
+    def __le__(self, other):
+        return ops.compare("le", self, other)
+
+    def __gt__(self, other):
+        return ops.compare("gt", self, other)
+
+    def __ge__(self, other):
+        return ops.compare("ge", self, other)
+
     def exp(self):
         return ops.exp(self)
 
@@ -282,6 +340,12 @@ class Tensor:
 
     def tanh(self):
         return ops.tanh(self)
+
+    def to(self, dtype) -> Tensor:
+        """This tensor in `dtype` (itself if it has it), as PyTorch's .to(dtype): on the graph, its gradient cast
+        back."""
+        dtype = np.dtype(dtype)
+        return self if dtype == self.dtype else ops.Cast.apply(self, dtype=dtype)
 
     def sum(self, axis=None, keepdims=False):
         return ops.sum(self, axis=axis, keepdims=keepdims)
@@ -293,12 +357,13 @@ class Tensor:
         return ops.max(self, axis=axis, keepdims=keepdims)
 
     def reshape(self, *shape):
-        if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
-            shape = tuple(shape[0])
-        return ops.reshape(self, shape)
+        """This tensor under a new shape (a view where the layout allows, else a copy)."""
+        return ops.reshape(self, _shape(shape))
 
     def view(self, *shape):
-        return self.reshape(*shape)
+        """This tensor's buffer under a new shape, as PyTorch's view: where that needs a copy it raises (reshape
+        copies)."""
+        return ops.view(self, _shape(shape))
 
     def permute(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
@@ -344,6 +409,21 @@ def increment_version(tensor: Tensor) -> int:
 
 def _raw(x):
     return x.data if isinstance(x, Tensor) else x
+
+
+def _shape(args) -> tuple:
+    """reshape(2, 3) and reshape((2, 3)) alike."""
+    return tuple(args[0]) if len(args) == 1 and isinstance(args[0], (tuple, list)) else args
+
+
+def _leaf_viewed_by(t: Tensor) -> Tensor | None:
+    """The leaf requiring grad whose buffer `t.data` is a view of (not its very array: a detach() may change it in
+    place), or None. Leaves are found by buffer in state.grad_leaves, and checked, since a buffer id may be reused."""
+    owner = backend.current().buffer(t.data)[0]
+    leaf = state.grad_leaves.get(id(owner))
+    if leaf is None or not leaf.requires_grad or leaf.data is t.data:
+        return None
+    return leaf if backend.current().buffer(leaf.data)[0] is owner else None
 
 
 from . import ops  # noqa: E402  (ops needs Tensor; imported last to close the cycle)

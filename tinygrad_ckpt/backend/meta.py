@@ -669,7 +669,8 @@ for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take
     setattr(xp, _fn.__name__, _fn)
 xp.ones = zeros
 xp.empty = zeros
-for _name in ("add", "subtract", "multiply", "divide", "exp", "log", "sqrt", "tanh", "maximum"):
+for _name in ("add", "subtract", "multiply", "divide", "exp", "log", "sqrt", "tanh", "maximum", "equal", "not_equal",
+              "less", "less_equal", "greater", "greater_equal"):
     setattr(xp, _name, _Ufunc(getattr(np, _name)))
 
 

@@ -74,7 +74,10 @@ def rows(kernel, *arrays, inner: int = 1) -> None:
 
     Every array must have the same leading axes (all but the last `inner`); per-row values such as a
     [..., 1] statistic fit. Arrays that broadcast differently (a weight [d], a mask [T, T]) go into
-    the kernel through a closure, and must line up with the last `inner` axes."""
+    the kernel through a closure, and must line up with the last `inner` axes. A 0-d array is one row of one
+    value (a view of shape [1]: NumPy's arithmetic hands back scalars for 0-d arrays, which kernels cannot write)."""
+    if not arrays[0].shape:
+        arrays = tuple(a.reshape(1) for a in arrays)
     first = arrays[0]
     parts = min(_threads, first.size // MIN_ELEMENTS)  # threads worth using
     if (not isinstance(first, np.ndarray) or (first.size <= BLOCK_ELEMENTS and parts < 2)

@@ -1,8 +1,9 @@
-"""Helpers shared by ops: undo broadcasting, element counts, constants of the right dtype."""
+"""Helpers shared by ops: undo broadcasting, element counts, constants of the right dtype, axes and dtypes checked."""
 
 from __future__ import annotations
 
 import math
+import operator
 
 from .. import backend
 from ..backend import unbroadcast, xp  # noqa: F401  (unbroadcast: ops import it from here)
@@ -47,3 +48,40 @@ def broadcast_shape(op: str, *shapes) -> tuple:
             )
         out.append(sizes.pop() if sizes else 1)
     return tuple(out)
+
+
+class AxisError(IndexError, ValueError):
+    """An axis out of range or repeated: an IndexError as PyTorch raises, a ValueError as NumPy's AxisError is."""
+
+
+def axis_of(op: str, axis, shape) -> int:
+    """`axis` as an index in [0, ndim), negative ones counted from the end. As in PyTorch a 0-d tensor has one axis
+    to name (-1 or 0: the caller decides what it means). Anything else raises, naming the op, the axis and the shape."""
+    n = max(len(shape), 1)
+    try:
+        index = operator.index(axis)
+    except TypeError:
+        raise TypeError(f"{op}: axis must be an int, got {axis!r}") from None
+    if not -n <= index < n:
+        raise AxisError(f"{op}: axis {index} is out of range for a tensor of shape {list(shape)} ({len(shape)} "
+                        f"dimensions: axes {-n} to {n - 1})")
+    return index % n
+
+
+def axes_of(op: str, axis, shape) -> tuple:
+    """The axes a reduction runs over, sorted, from None (all), an int or a sequence of ints (each checked by axis_of,
+    none twice); a 0-d tensor has none to run over (its one axis may still be named, as in PyTorch)."""
+    if axis is None:
+        return tuple(range(len(shape)))
+    axes = [axis_of(op, a, shape) for a in (axis if isinstance(axis, (tuple, list)) else (axis,))]
+    if len(set(axes)) < len(axes):
+        raise AxisError(f"{op}: axis {tuple(axis)} names an axis twice for a tensor of shape {list(shape)}")
+    return tuple(sorted(axes)) if shape else ()
+
+
+def check_float(op: str, *arrays) -> None:
+    """TypeError naming the op unless every array is floating point (PyTorch has no integer kernel for the op)."""
+    for a in arrays:
+        if a.dtype.kind != "f":
+            raise TypeError(f"{op}: needs floating-point input, got dtype {a.dtype} (shape {list(a.shape)}), as in "
+                            "PyTorch; convert first, e.g. tg.Tensor(x.numpy().astype(np.float32))")

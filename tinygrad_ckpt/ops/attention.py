@@ -82,6 +82,9 @@ class ChunkedAttention(Function):
                     acc *= correction
                     acc += _dropped(ctx, p, bi, bj) @ v[..., j0:j1, :]
                 m = m_new
+            if m is None:  # no key to attend to (t_k = 0): an empty sum, 0, as PyTorch's
+                out[..., i0:i1, :], lse[..., i0:i1, :] = 0, -math.inf
+                continue
             acc /= l_sum
             out[..., i0:i1, :] = acc
             lse[..., i0:i1, :] = m + xp().log(l_sum)

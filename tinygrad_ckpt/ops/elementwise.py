@@ -103,6 +103,22 @@ class Div(Function):
         return ga, gb
 
 
+class Cast(Function):
+    """out = x in another dtype. Saves nothing: dL/dx = g in x's dtype. A non-floating result needs no gradient."""
+
+    @staticmethod
+    def forward(ctx, x, dtype):
+        ctx.in_dtype = x.dtype
+        out = x.astype(dtype)
+        if out.dtype.kind != "f":
+            ctx.mark_non_differentiable(0)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out.astype(ctx.in_dtype)
+
+
 class Neg(Function):
     """out = -x. Saves nothing."""
 
@@ -117,19 +133,23 @@ class Neg(Function):
 
 
 class Pow(Function):
-    """out = x ** p for a constant p. dL/dx = g·p·x^(p-1): saves x."""
+    """out = x ** p for a constant p. dL/dx = g·p·x^(p-1) (0 for p = 0, also at x = 0, as in PyTorch): saves x,
+    unless p = 0."""
 
     @staticmethod
     def forward(ctx, x, exponent: float):
         ctx.exponent = exponent
-        ctx.save(x=x)
+        if exponent != 0:
+            ctx.save(x=x)
         ctx.flops = (numel(x.shape), 3 * numel(x.shape))
         return x**exponent
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, p = ctx.saved["x"], ctx.exponent
-        return grad_out * (p * x ** (p - 1))
+        p = ctx.exponent
+        if p == 0:
+            return xp().zeros(grad_out.shape, dtype=grad_out.dtype)
+        return grad_out * (p * ctx.saved["x"] ** (p - 1))
 
 
 class Exp(Function):

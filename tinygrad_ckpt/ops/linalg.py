@@ -13,10 +13,12 @@ class MatMul(Function):
     def forward(ctx, a, b):
         if len(a.shape) < 2 or len(b.shape) < 2 or a.shape[-1] != b.shape[-2]:
             raise ValueError(
-                f"matmul: cannot multiply {list(a.shape)} by {list(b.shape)}: both need at least 2 dimensions "
-                f"and a's last ({a.shape[-1] if a.shape else '-'}) must equal b's second-to-last "
-                f"({b.shape[-2] if len(b.shape) > 1 else '-'}); transpose or reshape one of them."
+                f"matmul: cannot multiply {list(a.shape)} by {list(b.shape)}: both need at least 2 dimensions (1 "
+                f"through the @ operator) and a's last ({a.shape[-1] if a.shape else '-'}) must equal b's "
+                f"second-to-last ({b.shape[-2] if len(b.shape) > 1 else '-'}); transpose or reshape one of them."
             )
+        if a.dtype != b.dtype:
+            _two_dtypes("matmul", a, b)
         batch = broadcast_shape("matmul", a.shape[:-2], b.shape[:-2])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
         ctx.shapes = (a.shape, b.shape)
@@ -48,7 +50,7 @@ class Linear(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias=None):
-        if len(weight.shape) != 2 or x.shape[-1] != weight.shape[1]:
+        if len(weight.shape) != 2 or not x.shape or x.shape[-1] != weight.shape[1]:
             raise ValueError(
                 f"linear: input of shape {list(x.shape)} does not fit weight of shape {list(weight.shape)}; "
                 f"the input's last dimension must equal the weight's in_features ({weight.shape[-1]}). "
@@ -56,6 +58,8 @@ class Linear(Function):
             )
         if bias is not None and tuple(bias.shape) != (weight.shape[0],):
             raise ValueError(f"linear: bias of shape {list(bias.shape)} should be [{weight.shape[0]}]")
+        if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
+            _two_dtypes("linear", x, weight, *([] if bias is None else [bias]))
         ctx.x_shape, ctx.has_bias = x.shape, bias is not None
         if ctx.needs_input_grad[0]:
             ctx.save(weight=weight)
@@ -83,4 +87,10 @@ class Linear(Function):
 
 def _rows(a):
     """a as a 2-d [rows, last] array: a view when a is contiguous (else NumPy copies, as the product would)."""
-    return a.reshape(-1, a.shape[-1])
+    return a.reshape(numel(a.shape[:-1]), a.shape[-1])
+
+
+def _two_dtypes(op: str, *arrays) -> None:
+    """The TypeError for a product of two dtypes (PyTorch does not promote them)."""
+    listed = " and ".join(f"{list(a.shape)} {a.dtype}" for a in arrays)
+    raise TypeError(f"{op}: operands {listed} must have one dtype, as in PyTorch; convert one of them first (x.to)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .. import backend
 from ..backend import xp
 from ..function import Function
-from ._util import check_range, numel
+from ._util import AxisError, axis_of, check_range, numel
 
 
 class Reshape(Function):
@@ -34,14 +34,35 @@ class Reshape(Function):
         return grad_out.reshape(ctx.in_shape)
 
 
+class View(Reshape):
+    """out = x's buffer under a new shape, as PyTorch's view: where that needs a copy (x is not contiguous in the
+    way the shape asks), it raises; reshape copies. Saves nothing."""
+
+    @staticmethod
+    def forward(ctx, x, shape):
+        out = Reshape.forward(ctx, x, shape)
+        be = backend.current()
+        if be.buffer(out)[0] is not be.buffer(x)[0]:
+            raise RuntimeError(
+                f"view: view size is not compatible with input tensor's size and stride: a tensor of shape "
+                f"{list(x.shape)} that is not contiguous (a permute or a strided slice of another) cannot be viewed as "
+                f"{list(shape)} without a copy. Use .reshape(...) instead (it copies where it must)."
+            )
+        return out
+
+
 class Permute(Function):
     """out = x with its axes reordered (a view). Saves nothing; backward applies the inverse order."""
 
     @staticmethod
     def forward(ctx, x, axes):
-        axes = tuple(a % len(x.shape) for a in axes)
-        if sorted(axes) != list(range(len(x.shape))):
-            raise ValueError(f"permute: {list(axes)} is not a permutation of the axes of {list(x.shape)}")
+        if len(axes) != len(x.shape):
+            raise AxisError(f"permute: {list(axes)} does not name each axis of a tensor of shape {list(x.shape)} once "
+                            f"({len(x.shape)} axes, {len(axes)} given)")
+        axes = tuple(axis_of("permute", a, x.shape) for a in axes) if x.shape else ()
+        if len(set(axes)) < len(axes):
+            raise AxisError(f"permute: {list(axes)} is not a permutation of the axes of {list(x.shape)}: an axis "
+                            "appears twice")
         ctx.inverse = tuple(sorted(range(len(axes)), key=axes.__getitem__))
         return x.transpose(axes)
 
@@ -51,16 +72,20 @@ class Permute(Function):
 
 
 class Swapaxes(Function):
-    """out = x with two axes exchanged (a view). Saves nothing."""
+    """out = x with two axes exchanged (a view; a 0-d tensor's one axis with itself). Saves nothing."""
 
     @staticmethod
     def forward(ctx, x, axis1, axis2):
-        ctx.axes = (axis1, axis2)
-        return x.swapaxes(axis1, axis2)
+        order = list(range(len(x.shape)))
+        i, j = axis_of("swapaxes", axis1, x.shape), axis_of("swapaxes", axis2, x.shape)
+        if order:
+            order[i], order[j] = order[j], order[i]
+        ctx.order = tuple(order)  # its own inverse
+        return x.transpose(ctx.order)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return grad_out.swapaxes(*ctx.axes)
+        return grad_out.transpose(ctx.order)
 
 
 def _describe(index) -> str:
@@ -112,9 +137,7 @@ class Split(Function):
     def forward(ctx, x, sizes, axis):
         if not x.shape:
             raise ValueError("split: a 0-d tensor has no axis to split; reshape it to 1-d first")
-        if not -len(x.shape) <= axis < len(x.shape):
-            raise IndexError(f"split: axis {axis} is out of range for a tensor of shape {list(x.shape)}")
-        axis %= len(x.shape)
+        axis = axis_of("split", axis, x.shape)
         if sum(sizes) != x.shape[axis] or any(n < 0 for n in sizes):
             raise ValueError(f"split: sizes {list(sizes)} must be non-negative and add up to {x.shape[axis]}, the "
                              f"length of axis {axis} of a tensor of shape {list(x.shape)}")
@@ -150,5 +173,6 @@ class Embedding(Function):
     def backward(ctx, grad_out):
         ids = ctx.saved["ids"]
         grad = xp().zeros(ctx.weight_shape, dtype=grad_out.dtype)
-        backend.current().scatter_add_rows(grad, ids.reshape(-1), grad_out.reshape(-1, ctx.weight_shape[1]))
+        rows = grad_out.reshape(numel(ids.shape), ctx.weight_shape[1])
+        backend.current().scatter_add_rows(grad, ids.reshape(-1), rows)
         return grad, None

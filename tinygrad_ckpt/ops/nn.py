@@ -8,7 +8,7 @@ import math
 from .. import backend
 from ..backend import threads, xp
 from ..function import Function
-from ._util import check_range, numel
+from ._util import axis_of, check_float, check_range, numel
 
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 _TANH_C = math.sqrt(2 / math.pi)
@@ -27,6 +27,7 @@ class GELU(Function):
     def forward(ctx, x, approximate="none"):
         if approximate not in ("none", "tanh"):
             raise ValueError(f"gelu: approximate must be 'none' (erf) or 'tanh', got {approximate!r}")
+        check_float("gelu", x)
         ctx.approximate = approximate
         ctx.flops = (8 * numel(x.shape), 8 * numel(x.shape))
         out = xp().empty(x.shape, dtype=x.dtype)
@@ -85,7 +86,8 @@ class Softmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        ctx.axis = axis
+        check_float("softmax", x)
+        ctx.axis = _axis("softmax", axis, x)
         out = xp().empty(x.shape, dtype=x.dtype)
         _by_rows(ctx, _softmax, out, x)
         ctx.save(out=out)
@@ -99,10 +101,18 @@ class Softmax(Function):
         return grad
 
 
+def _axis(op: str, axis, x):
+    """The axis softmax runs along: checked, counted from 0; for a 0-d tensor none, (), so it is one value alone."""
+    axis = axis_of(op, axis, x.shape)
+    return axis if x.shape else ()
+
+
 def _by_rows(ctx, kernel, *arrays):
-    """kernel(*arrays, axis=ctx.axis), on row chunks when the axis is the last one."""
+    """kernel(*arrays, axis=ctx.axis), on row chunks when the axis is the last one (nothing to do when empty)."""
     axis = ctx.axis
-    if axis in (-1, len(arrays[0].shape) - 1):
+    if numel(arrays[0].shape) == 0:
+        return
+    if axis == len(arrays[0].shape) - 1:
         threads.rows(lambda *chunks: kernel(*chunks, axis=-1), *arrays)
     else:
         kernel(*arrays, axis=axis)
@@ -129,7 +139,10 @@ class LogSoftmax(Function):
 
     @staticmethod
     def forward(ctx, x, axis=-1):
-        ctx.axis = axis
+        check_float("log_softmax", x)
+        ctx.axis = axis = _axis("log_softmax", axis, x)
+        if numel(x.shape) == 0:
+            return xp().empty(x.shape, dtype=x.dtype)  # nothing to normalise (max has no identity to start from)
         shifted = x - x.max(axis=axis, keepdims=True)
         out = shifted - xp().log(xp().exp(shifted).sum(axis=axis, keepdims=True))
         ctx.save(out=out)
@@ -138,6 +151,8 @@ class LogSoftmax(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
+        if numel(grad_out.shape) == 0:
+            return grad_out
         out = ctx.saved["out"]
         return grad_out - xp().exp(out) * grad_out.sum(axis=ctx.axis, keepdims=True)
 
@@ -158,6 +173,7 @@ class CrossEntropy(Function):
             )
         if targets.dtype.kind not in "iu":
             raise TypeError(f"cross_entropy: targets must be integer class indices, got dtype {targets.dtype}")
+        check_float("cross_entropy", logits)
         check_range("cross_entropy", "target", targets, logits.shape[1], "classes", skip=ignore_index)
         m = logits.max(axis=1, keepdims=True)
         lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
@@ -196,12 +212,18 @@ class LayerNorm(Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, eps=1e-5):
+        if not x.shape:
+            raise ValueError("layer_norm: a 0-d tensor has no last axis to normalise over; reshape it to 1-d first")
         d = x.shape[-1]
         if tuple(weight.shape) != (d,) or tuple(bias.shape) != (d,):
             raise ValueError(
                 f"layer_norm: weight {list(weight.shape)} and bias {list(bias.shape)} must both be [{d}] "
                 f"to normalise an input of shape {list(x.shape)} over its last axis."
             )
+        check_float("layer_norm", x, weight, bias)
+        if not x.dtype == weight.dtype == bias.dtype:
+            raise TypeError(f"layer_norm: input {x.dtype}, weight {weight.dtype} and bias {bias.dtype} must have one "
+                            "dtype, as in PyTorch; convert the weight and bias to the input's")
         out = xp().empty(x.shape, dtype=x.dtype)
         xhat = xp().empty(x.shape, dtype=x.dtype)
         rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
@@ -220,7 +242,10 @@ class LayerNorm(Function):
             xp().multiply(xhat, weight, out=out)
             out += bias
 
-        threads.rows(normalise, out, xhat, rstd, x)
+        if numel(x.shape):
+            threads.rows(normalise, out, xhat, rstd, x)
+        else:  # nothing to normalise (and a row of no values has no mean)
+            rstd[...] = 0
         ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
         ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
         if ctx.zero_columns is not None:
@@ -231,6 +256,8 @@ class LayerNorm(Function):
     @staticmethod
     def backward(ctx, grad_out):
         out, rstd, weight, bias = (ctx.saved[k] for k in ("out", "rstd", "weight", "bias"))
+        if numel(out.shape) == 0:
+            return tuple(xp().zeros(a.shape, dtype=grad_out.dtype) for a in (out, weight, bias))
         zero = ctx.zero_columns
         safe_weight = weight if zero is None else xp().where(weight == 0, xp().ones((), dtype=weight.dtype), weight)
         xhat = xp().empty(out.shape, dtype=out.dtype)
@@ -272,6 +299,7 @@ class Dropout(Function):
 
     @staticmethod
     def forward(ctx, x, p):
+        check_float("dropout", x)
         mask = backend.next_generator().random(x.shape, dtype=xp().float32) >= p
         ctx.scale = 1.0 / (1.0 - p)
         if ctx.saving:

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 from ..backend import xp
 from ..function import Function
-from ._util import numel
-
-
-def _axes(axis, ndim: int, op: str) -> tuple:
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    for a in axes:
-        if not -ndim <= a < ndim:
-            raise ValueError(f"{op}: axis {a} is out of range for an input with {ndim} dimensions")
-    return tuple(sorted(a % ndim for a in axes))
+from ._util import axes_of, check_float, numel
 
 
 def _expand(grad_out, in_shape, axes, keepdims):
@@ -29,7 +21,7 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, len(x.shape), "sum"), keepdims
+        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, axes_of("sum", axis, x.shape), keepdims
         ctx.flops = (numel(x.shape), 0)
         return x.sum(axis=ctx.axes, keepdims=keepdims)
 
@@ -39,17 +31,22 @@ class Sum(Function):
 
 
 class Mean(Function):
-    """out = Σ_axes x / n. dL/dx = g/n broadcast back. Saves nothing."""
+    """out = Σ_axes x / n (floating point only, as in PyTorch). dL/dx = g/n broadcast back. Saves nothing."""
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, _axes(axis, len(x.shape), "mean"), keepdims
+        check_float("mean", x)
+        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, axes_of("mean", axis, x.shape), keepdims
         ctx.count = numel([x.shape[a] for a in ctx.axes])
         ctx.flops = (numel(x.shape), numel(x.shape))
+        if ctx.count == 0:  # the mean of nothing is NaN, as in PyTorch (without NumPy's warning)
+            return x.sum(axis=ctx.axes, keepdims=keepdims) * xp().asarray(math.nan, dtype=x.dtype)
         return x.mean(axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
     def backward(ctx, grad_out):
+        if ctx.count == 0:  # an empty mean: nothing to spread the gradient over
+            return xp().zeros(ctx.in_shape, dtype=grad_out.dtype)
         return _expand(grad_out / ctx.count, ctx.in_shape, ctx.axes, ctx.keepdims)
 
 
@@ -58,19 +55,21 @@ class Max(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        if axis is not None and not isinstance(axis, int):
+        if isinstance(axis, (tuple, list)):
             raise ValueError(f"max: axis must be an int or None, got {axis!r}")
-        if numel(x.shape) == 0:
-            raise ValueError(f"max: a tensor of shape {list(x.shape)} has no elements, so no maximum; "
-                             "check the slice or batch that produced it.")
+        if axis is not None:
+            axis = axes_of("max", axis, x.shape)  # () for a 0-d tensor: its maximum is itself
+            axis = axis[0] if axis else None
+        if (numel(x.shape) if axis is None else x.shape[axis]) == 0:
+            raise ValueError(f"max: a tensor of shape {list(x.shape)} has no elements "
+                             f"{'' if axis is None else f'along axis {axis} '}to take a maximum of; check the slice or "
+                             "batch that produced it.")
         ctx.in_shape, ctx.axis, ctx.keepdims = x.shape, axis, keepdims
         if axis is None:
             index = x.argmax()
             out = x.reshape(-1)[index]
             out = out.reshape((1,) * len(x.shape)) if keepdims else out.reshape(())
         else:
-            axis = _axes(axis, len(x.shape), "max")[0]
-            ctx.axis = axis
             index = xp().expand_dims(x.argmax(axis=axis), axis)
             out = xp().take_along_axis(x, index, axis=axis)
             out = out if keepdims else out.squeeze(axis)
