@@ -54,7 +54,7 @@ class Segment(SegmentObserver):
         call.record = False
         if not self.mine():  # an op of a checkpoint nested inside: that checkpoint's own segment watches it
             return
-        self.ops.append([call.name, call.fn.kind(), backend.get_rng_state(), None])
+        self.ops.append([call.name, call.kind, backend.get_rng_state(), None])
         for x in call.inputs:
             if isinstance(x, Tensor) and x._uid < self.start:
                 self.outside.setdefault(id(x), x)
@@ -77,9 +77,9 @@ class Replaying(SegmentObserver):
             return
         self.index += 1
         ran = "'{}' ({})".format(*self.ops[self.index][:2]) if self.index < len(self.ops) else "nothing"
-        if ran != f"'{call.name}' ({call.fn.kind()})":
+        if ran != f"'{call.name}' ({call.kind})":
             raise CheckpointError(f"checkpoint replay diverged at op {self.index}: the forward ran {ran}, the replay "
-                                  f"'{call.name}' ({call.fn.kind()}). The segment must run the same ops in the same "
+                                  f"'{call.name}' ({call.kind}). The segment must run the same ops in the same "
                                   "order each time (no branches on state that changed); this is checked whatever "
                                   "determinism_check says.")
         if self.rng:

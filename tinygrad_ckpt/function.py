@@ -63,18 +63,19 @@ _CORE = ("needs_input_grad", "in_shapes", "saving", "saved")
 
 
 class OpCall:
-    """One op being applied, as observers see it: the Function, its scoped name, the inputs (Tensors and
+    """One op being applied, as observers see it: the Function, its kind and scoped name, the inputs (Tensors and
     constants) and their arrays, its keyword parameters and Context; `record` (make a tape entry, when a
     gradient can flow) and `served` (outputs an observer hands back instead of running forward, and
     `served_by`, that observer), which observers may change in on_op_start; `entry` once recorded."""
 
-    __slots__ = ("fn", "name", "inputs", "arrays", "params", "ctx", "record", "served", "served_by", "entry")
+    __slots__ = ("fn", "kind", "name", "inputs", "arrays", "params", "ctx", "record", "served", "served_by", "entry")
 
     def __init__(self, fn, inputs: tuple, params: dict):
         st = state.local
-        self.fn, self.name, self.inputs, self.params = fn, st.prefix + fn.kind(), inputs, params
+        self.fn, self.kind, self.inputs, self.params = fn, fn.kind(), inputs, params
+        self.name = st.prefix + self.kind
         self.arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
-        _check_same_backend(fn.kind(), self.arrays)
+        _check_same_backend(self.kind, self.arrays)
         needs = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
         self.record = any(needs)
         self.ctx = Context(needs, tuple(getattr(a, "shape", None) for a in self.arrays), self.record)
@@ -86,7 +87,7 @@ class OpCall:
         return self.name.rpartition(".")[0]
 
     def __repr__(self) -> str:
-        return f"<call of {self.name} [{self.fn.kind()}]{' (recorded)' if self.record else ''}>"
+        return f"<call of {self.name} [{self.kind}]{' (recorded)' if self.record else ''}>"
 
 
 class Function:
@@ -133,22 +134,17 @@ def _wrap(call: OpCall, out):
     buffer); a non-array output passes through."""
     ctx, be = call.ctx, backend.current()
     outs = out if isinstance(out, tuple) else (out,)
-    arrays = {id(o): be.as_array(o) for o in outs}
-    outs = tuple(arrays[id(o)] for o in outs)
-    if ctx.saved:
-        ctx.saved = {k: arrays[id(v)] if id(v) in arrays else be.as_array(v) for k, v in ctx.saved.items()}
+    if be.any_scalar(outs) or be.any_scalar(ctx.saved.values()):
+        arrays = {id(o): be.as_array(o) for o in outs}
+        outs = tuple(arrays[id(o)] for o in outs)
+        ctx.saved = {k: arrays.get(id(v)) if id(v) in arrays else be.as_array(v) for k, v in ctx.saved.items()}
     if call.record:
         edges = tuple(key_of(x) if needed else None for x, needed in zip(call.inputs, ctx.needs_input_grad))
         call.entry = TapeEntry(call.fn, call.name, ctx, edges, tuple(map(_meta, call.arrays)), tuple(map(_meta, outs)))
-    results = tuple(_tensor(o, call, i, be) for i, o in enumerate(outs))
+    grad, cut = any(ctx.needs_input_grad), ctx.non_differentiable
+    results = tuple(Tensor._from_op(o, grad and i not in cut, call.entry if grad and i not in cut else None, i)
+                    if be.is_array(o) else o for i, o in enumerate(outs))
     return results if isinstance(out, tuple) else results[0]
-
-
-def _tensor(o, call: OpCall, i: int, be):
-    if not be.is_array(o):
-        return o
-    linked = any(call.ctx.needs_input_grad) and i not in call.ctx.non_differentiable
-    return Tensor._from_op(o, linked, call.entry if linked else None, i)
 
 
 def _meta(a):

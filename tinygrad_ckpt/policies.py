@@ -199,7 +199,7 @@ class KeepByPolicy(SegmentObserver):
         if not self.mine():
             return
         ctx = call.ctx
-        decision = self.policy.decide(call.fn.kind(), call.name)
+        decision = self.policy.decide(call.kind, call.name)
         if not decision.save:
             self._reads(call.arrays)  # a recomputed op reads all its inputs again
             return
@@ -218,7 +218,7 @@ class KeepByPolicy(SegmentObserver):
             keys.append(f"kept{self.index}.out{i}")
             arrays[keys[-1]] = getattr(o, "data", o)
             self.outputs[id(arrays[keys[-1]])] = keys[-1]
-        self.kept[self.index] = Kept(self.index, call.fn.kind(), call.name, decision.reason, keys, saves,
+        self.kept[self.index] = Kept(self.index, call.kind, call.name, decision.reason, keys, saves,
                                      isinstance(outputs, tuple), ctx.attributes())
         self.arrays.update(arrays)
         observe.saved(self.kept[self.index], arrays)

@@ -92,7 +92,7 @@ class Observations(SegmentObserver):
             outs = tuple((i, tuple(o.shape), o.dtype, self.sample(o) if values else None)
                          for i, o in enumerate(getattr(o, "data", o) for o in _tuple(outputs))
                          if is_array(o) and id(o) not in kept)
-        self.observed.append(Observation(call.name, call.fn.kind(), saves, outs))
+        self.observed.append(Observation(call.name, call.kind, saves, outs))
 
     def full(self, a) -> int | None:
         owner, nbytes = self.be.buffer(a)

@@ -177,8 +177,8 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     a replayed segment), gradients reaching those tensors are collected instead and returned as the
     generator's value, and the graph behind them is not entered.
     """
-    store = _Gradients(capture, seeds=grads)
-    store.add_all([key_of(t) for t in tensors], grads)
+    store = _Gradients(capture)
+    store.add_all([key_of(t) for t in tensors], grads, shared={id(g) for g in grads})  # the caller's seeds
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
     grads.clear()
@@ -190,16 +190,16 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
                 continue  # no gradient flows through this entry
             entry.check_saves()
             yield entry
+            shared = {*map(id, grad_outs), *map(id, entry.ctx.saved.values())}  # held elsewhere: not added into
             for o in reversed(observers):
                 o.on_backward(entry)  # tg.debug.break_before opens pdb here, before the backward runs
             grad_ins = checked_gradients(entry, entry.fn.input_grads(entry.ctx, grad_outs))
             del grad_outs
-            held = entry.ctx.saved.values() if retain_graph else ()
             if not retain_graph:
                 entry.release()
             for o in reversed(observers):
                 o.on_backward_done(entry, grad_ins)
-            store.add_all(entry.inputs, grad_ins, held)
+            store.add_all(entry.inputs, grad_ins, shared)
             grad_ins = None  # drop our references now, so consumed gradients free at once
     return store.captured
 
@@ -209,7 +209,7 @@ def checked_gradients(entry, grad_ins) -> tuple:
     backend array of its input's shape (a gradient the input broadcast to is summed down to it) in its input's
     dtype (cast, as PyTorch casts). Anything else raises, naming the op and the input's index."""
     fn = entry.fn.__name__
-    if len(grad_ins) > len(entry.inputs) and all(g is None for g in grad_ins[len(entry.inputs):]):
+    if len(grad_ins) != len(entry.inputs) and all(g is None for g in grad_ins[len(entry.inputs):]):
         grad_ins = grad_ins[:len(entry.inputs)]  # extra Nones (an optional input left out) are allowed, as in PyTorch
     if len(grad_ins) != len(entry.inputs):
         raise RuntimeError(f"{fn}.backward ('{entry.name}') returned {len(grad_ins)} gradient(s), expected "
@@ -220,8 +220,11 @@ def checked_gradients(entry, grad_ins) -> tuple:
         if g is None or edge is None:  # no gradient, or an input that needs none: dropped, as in PyTorch
             out.append(None)
             continue
-        g = be.as_array(g)
         shape, dtype = meta
+        if g.__class__ is be.array_type and g.shape == shape and g.dtype == dtype:  # the usual case, at once
+            out.append(g)
+            continue
+        g = be.as_array(g)
         if not be.is_array(g):
             raise TypeError(f"{fn}.backward ('{entry.name}') returned a {type(g).__name__} as the gradient of input "
                             f"{i}; return a {be.name} array of shape {list(shape)} (or None)")
@@ -247,19 +250,18 @@ class _Gradients:
     """Where gradients wait during one backward: by edge until their entry runs, in leaves' `.grad`,
     or captured for the caller.
 
-    Whether an array may be added into is decided in one place, `_private`: only an array this backward
-    made (a sum it allocated, or an op's fresh result) that no one else can hold, never the caller's seed
-    nor an array routed to two places (add passes its grad_out to both inputs) nor a view.
+    Whether an array may be added into is decided in one place, `add_all`: an array is *private* when this
+    backward made it and no one else holds it: an op's fresh result (owning its data) that is not one of the
+    arrays the entry was handed or keeps (its output gradients, its saves; the caller's seeds) nor returned
+    for two inputs (add passes its grad_out to both). A private array waiting here is added into in place (and a
+    leaf takes it as its `.grad`); any other is copied or summed into a new array first.
     """
 
-    def __init__(self, capture, seeds=()):
+    def __init__(self, capture):
         self.capture = capture
         self.pending: dict = {}
         self.captured: dict = {}
-        self.routed: dict[int, weakref.ref] = {}  # arrays seen once already (held elsewhere too), by identity
-        self.owned: set[int] = set()  # sums this backward allocated: private, add into them
-        for g in seeds:
-            self._mark(g)
+        self.owned: set[int] = set()  # ids of the private arrays waiting here (pending or captured)
 
     def __repr__(self) -> str:
         waiting = ", ".join(f"{edge_name(k)}.grad" for k in list(self.pending)[:4])
@@ -267,45 +269,30 @@ class _Gradients:
         captured = f"; {len(self.captured)} captured for the caller" if self.capture is not None else ""
         return f"<gradients waiting for their entry: {len(self.pending)} ({waiting}{more}){captured}>"
 
-    def _mark(self, g) -> bool:
-        """Remember that g has been routed; True if it had been already (weakly: a new array may reuse an id)."""
-        seen = self.routed.get(id(g))
-        self.routed[id(g)] = weakref.ref(g)
-        return seen is not None and seen() is g
-
-    def _private(self, g) -> bool:
-        """May backward add into g in place? (Decided once, when g is routed: see the class.)"""
-        if id(g) in self.owned:
-            return True
-        return not self._mark(g) and backend.current().owns_data(g)
-
     def pop_outputs(self, entry):
+        if len(entry.out_meta) == 1:  # the usual case, at once
+            g = self.pending.pop((entry, 0), None)
+            self.owned.discard(id(g))
+            return None if g is None else [g]
         grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
         if all(g is None for g in grads):
             return None
-        self.owned.difference_update(id(g) for g in grads)  # the entry's backward may pass them on: shared now
+        if self.owned:
+            self.owned.difference_update(id(g) for g in grads)
         zeros = backend.xp().zeros
         return [g if g is not None or meta is None else zeros(meta[0], dtype=meta[1])
                 for g, meta in zip(grads, entry.out_meta)]
 
-    def add_all(self, keys, grads, held=()) -> None:
+    def add_all(self, keys, grads, shared) -> None:
         """Route the gradients an entry's backward produced (a loop in the generator would keep the last alive).
-        `held`: arrays the entry still holds (its saves): a gradient that is one of them is shared."""
-        given = [g for g in grads if g is not None]
-        if len({id(g) for g in given}) < len(given):  # one array returned for two inputs: neither may add into it
-            for g in given:
-                self._mark(g)
-        is_array = backend.current().is_array
-        for a in held:
-            if is_array(a):
-                self._mark(a)
+        `shared`: ids of the arrays someone else holds (see the class)."""
+        owns_data = backend.current().owns_data
         for key, g in zip(keys, grads):
-            self.add(key, g)
+            if key is not None and g is not None:
+                once = len(grads) == 1 or sum(h is g for h in grads) == 1
+                self.add(key, g, once and id(g) not in shared and owns_data(g))
 
-    def add(self, key, g) -> None:
-        if key is None or g is None:
-            return
-        private = self._private(g)
+    def add(self, key, g, private: bool) -> None:
         if self.capture is not None and key in self.capture:
             self._sum(self.captured, key, g, private)
         elif isinstance(key, tuple):  # a tensor an op made: its gradient waits for its entry

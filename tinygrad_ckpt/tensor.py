@@ -16,6 +16,8 @@ operator defer to the tensor (`np_array + t` is a Tensor on the graph).
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import backend, observe, state
@@ -228,7 +230,7 @@ class Tensor:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.data.shape, dtype=np.int64))
+        return math.prod(self.data.shape)
 
     @property
     def nbytes(self) -> int:

@@ -18,6 +18,7 @@ class CupyBackend(Backend):
                               "machine with a CUDA GPU (or use the numpy backend)") from exc
 
         self.xp = cupy
+        self.array_type = cupy.ndarray
         self._cupy = cupy
 
     def is_array(self, a) -> bool:

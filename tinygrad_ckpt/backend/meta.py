@@ -691,6 +691,7 @@ class MetaBackend(Backend):
     """tg.use_backend("meta"): shape-only arrays; the ledger counts them as if they were NumPy's."""
 
     name = "meta"
+    array_type = MetaArray
     has_values = False
 
     def __init__(self):
@@ -702,6 +703,9 @@ class MetaBackend(Backend):
 
     def as_array(self, a):
         return MetaArray((), a.dtype) if isinstance(a, MetaScalar) else a
+
+    def any_scalar(self, values) -> bool:
+        return any(isinstance(v, MetaScalar) for v in values)
 
     def buffer(self, a):
         owner = a.base if a.base is not None else a

@@ -14,6 +14,7 @@ class Backend:
     """A backend: its name, its array namespace `xp`, and the few things that differ between libraries."""
 
     name = "numpy"
+    array_type = np.ndarray  # what its arrays are (exactly: not a subclass)
     has_values = True  # arrays hold numbers (the meta backend's hold only shapes): value checks can run
 
     def __init__(self):
@@ -32,6 +33,10 @@ class Backend:
         """`a` as an array of this backend: a NumPy scalar (what NumPy returns for a 0-d result) becomes a 0-d
         array, which holds bytes the ledger counts, as PyTorch's 0-d tensors do; anything else is returned as is."""
         return np.asarray(a) if isinstance(a, np.generic) else a
+
+    def any_scalar(self, values) -> bool:
+        """Is any of these a NumPy scalar (which `as_array` turns into a 0-d array)?"""
+        return any(isinstance(v, np.generic) for v in values)
 
     def owns_data(self, a) -> bool:
         """True if `a` is a writeable array owning its memory (not a view or a broadcast)."""
