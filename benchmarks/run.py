@@ -713,8 +713,8 @@ def bench_fixes(shape, args) -> list:
     mask = np.triu(np.ones((T, T), bool), k=1)
     fixes = []
 
-    def ctx(n=1):
-        return Context(tuple([True] * n), (None,) * n, saving=True)
+    def ctx(n=1, shapes=None):
+        return Context(tuple([True] * n), shapes or (None,) * n, saving=True)
 
     # LayerNorm backward
     xhat = (xe - xe.mean(-1, keepdims=True)) / xe.std(-1, keepdims=True)
@@ -736,8 +736,8 @@ def bench_fixes(shape, args) -> list:
 
     # masked_fill backward: the gradient is already 0 where the mask is (softmax output is 0 there)
     def masked_fill_current():
-        c = ctx()
-        c.saved["mask"], c.scale, c.x_shape = mask, 1 / math.sqrt(hd), gs.shape
+        c = ctx(2, shapes=(gs.shape, mask.shape))
+        c.saved["mask"], c.scale = mask, 1 / math.sqrt(hd)
         tgops.MaskedFill.backward(c, gs)
 
     fixes.append(dict(
@@ -757,7 +757,7 @@ def bench_fixes(shape, args) -> list:
 
     def sm_current():
         c = ctx()
-        c.saved["out"], c.axis = y, -1
+        c.saved["out"], c.axis = y, y.ndim - 1
         tgops.Softmax.backward(c, gs)
 
     def sm_inplace():

@@ -3,6 +3,7 @@ loop that fills and frees 64 MiB in 2 MiB arrays faults its pages in once, not o
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -37,3 +38,18 @@ def test_freed_arrays_are_reused_without_page_faults():
     pages = 5 * 64 * 2**20 // 4096  # what five rounds touch
     assert plain > pages / 2  # glibc's defaults: the pages go back to the kernel and fault in again
     assert engine < pages / 50
+
+
+@pytest.mark.parametrize("tune", ["1", "0"])
+def test_import_says_what_process_wide_settings_it_changed_and_can_be_told_not_to(tune):
+    code = ("import os, tinygrad_ckpt as tg; from tinygrad_ckpt import backend, state; "
+            "print(sorted(state.process_settings), os.environ.get('OPENBLAS_THREAD_TIMEOUT'), "
+            "backend.KEEPS_FREED_MEMORY)")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True,
+                         env={**env, "TINYGRAD_CKPT_TUNE": tune}).stdout.strip()
+    if tune == "0":
+        assert out == "[] None False"
+    else:
+        glibc = sys.platform.startswith("linux")
+        assert out == (f"{['OPENBLAS_THREAD_TIMEOUT', 'malloc'] if glibc else ['OPENBLAS_THREAD_TIMEOUT']} 14 {glibc}")

@@ -8,8 +8,11 @@ activation checkpointing buys it back.
 import os as _os
 import sys as _sys
 
-if "numpy" not in _sys.modules:  # OpenBLAS reads this once, as NumPy loads it (why: backend/threads.py)
-    _os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "14")
+from . import state as _state  # imports nothing: NumPy is not loaded yet
+
+if _state.tune_process and "numpy" not in _sys.modules and "OPENBLAS_THREAD_TIMEOUT" not in _os.environ:
+    _os.environ["OPENBLAS_THREAD_TIMEOUT"] = "14"  # OpenBLAS reads it once, as NumPy loads it (why: backend/threads.py)
+    _state.process_settings["OPENBLAS_THREAD_TIMEOUT"] = "14"
 
 from . import debug, functional, nn, optim
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Mapping, Set
 
 from . import observe
-from .backend import threads, xp
+from .backend import kernels, xp
 from .checks import float_dtype, number
 from .tensor import Tensor, increment_version
 
@@ -183,21 +183,6 @@ class AdamW(Optimizer):
         return 13 + (1 if self.weight_decay else 0)
 
     def update(self, p, g) -> None:
-        b1, b2 = self.betas
         st = self._state(p, m=None, v=None)
-        t = self.step_count
-        decay = 1 - self.lr * self.weight_decay
-        step = self.lr / (1 - b1**t)
-
-        def kernel(w, m, v, g):
-            m *= b1
-            m += (1 - b1) * g
-            v *= b2
-            v += (1 - b2) * (g * g)
-            if self.weight_decay:
-                w *= decay
-            denom = xp().sqrt(v / (1 - b2**t))
-            denom += self.eps
-            w -= step * (m / denom)
-
-        threads.rows(kernel, p.data, st["m"], st["v"], g)  # on row chunks over the thread pool
+        kernels.adamw_update(p.data, st["m"], st["v"], g, self.lr, self.betas, self.eps, self.weight_decay,
+                             self.step_count)

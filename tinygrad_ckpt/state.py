@@ -27,9 +27,15 @@ import contextlib
 import functools
 import inspect
 import itertools
+import os
 import threading
 import types
 import weakref
+
+# Importing the package changes two process-wide settings, for speed, unless TINYGRAD_CKPT_TUNE=0: OpenBLAS's idle
+# spin (backend/threads.py) and glibc's malloc thresholds (backend/allocator.py); `process_settings` says what it set.
+tune_process = os.environ.get("TINYGRAD_CKPT_TUNE", "1") != "0"
+process_settings: dict = {}
 
 thread_start: list = []  # factories of the observers every new thread starts with
 backend = None  # the active backend (backend.current() makes it on first use)

@@ -21,7 +21,11 @@ from . import allocator
 from .meta import MetaBackend
 from .numpy_backend import Backend
 
-KEEPS_FREED_MEMORY = allocator.keep_freed_memory()  # glibc keeps freed arrays for the next step (allocator.py)
+# glibc keeps freed arrays for the next step (allocator.py), unless TINYGRAD_CKPT_TUNE=0 (state.tune_process)
+KEEPS_FREED_MEMORY = state.tune_process and allocator.keep_freed_memory()
+if KEEPS_FREED_MEMORY:
+    state.process_settings["malloc"] = f"M_MMAP_THRESHOLD={allocator.MMAP_THRESHOLD}, " \
+                                       f"M_TRIM_THRESHOLD={allocator.TRIM_THRESHOLD}"
 
 
 def _cupy() -> Backend:

@@ -11,7 +11,8 @@ thread (176 -> 148 ms; PyTorch, which frees less, loses less).
 `MMAP_THRESHOLD` come from the heap, and up to `TRIM_THRESHOLD` of freed memory stays mapped for reuse,
 as PyTorch's caching allocator keeps GPU memory. The ledger and tracemalloc count arrays, not pages, so
 no number the lessons show changes; the process's resident size stays near its highest. Linux with glibc
-only (elsewhere nothing happens). To undo: `mallopt` the thresholds back (see `man mallopt`).
+only (elsewhere nothing happens). To keep glibc's defaults, set TINYGRAD_CKPT_TUNE=0 before importing the
+package (`state.process_settings` says what import set); to undo later, `mallopt` the thresholds back.
 """
 
 from __future__ import annotations

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .erf import erf_float32, gelu_float32
+from .erf import erf_float32
 
-_SQRT_HALF = 0.7071067811865476
 _vecdot = getattr(np, "vecdot", None)  # NumPy >= 2.0
 
 
@@ -55,15 +54,6 @@ class Backend:
         from scipy.special import erf
 
         return erf(x)
-
-    def gelu(self, x, out) -> None:
-        """out = x·Φ(x) = x·½(1 + erf(x/√2)), exact GELU (NumPy float32: erf.gelu_float32, 17 passes)."""
-        if self.xp is np and x.dtype == np.float32:
-            gelu_float32(x, out)
-            return
-        out[...] = self.erf(x * _SQRT_HALF)  # SciPy's erf has no float16 loop: the assignment casts
-        out += 1
-        out *= 0.5 * x
 
     def row_sums(self, a):
         """Σ over the last axis, kept as [..., 1]. On a short contiguous axis NumPy's add.reduce loops per row

@@ -23,7 +23,8 @@ tinygrad_ckpt before NumPy sets `OPENBLAS_THREAD_TIMEOUT=14` (2^14 cycles, a few
 the products of one batched matmul to follow each other without sleeping) unless it is set already;
 values from 4 to 24 were timed on GELU after a product and on attention's batched product, at 2
 threads. OpenBLAS reads it only when it loads, so a program that imports NumPy first keeps the long
-spin (`OPENBLAS_THREAD_TIMEOUT` in docs/benchmarks.md's header says which one was measured).
+spin, as does TINYGRAD_CKPT_TUNE=0 (no process-wide setting at all; `state.process_settings` lists them);
+`OPENBLAS_THREAD_TIMEOUT` in docs/benchmarks.md's header says which one was measured.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ What each saves is only what its derivative reads, and only for inputs that need
 
 from __future__ import annotations
 
-from ..backend import threads, xp
+from ..backend import kernels, xp
 from ..function import Function
 from ._util import broadcast_shape, numel, unbroadcast
 
@@ -17,13 +17,12 @@ class Add(Function):
     @staticmethod
     def forward(ctx, a, b):
         shape = broadcast_shape("add", a.shape, b.shape)
-        ctx.shapes = (a.shape, b.shape)
         ctx.flops = (numel(shape), 0)
         return a + b
 
     @staticmethod
     def backward(ctx, grad_out):
-        a_shape, b_shape = ctx.shapes
+        a_shape, b_shape = ctx.in_shapes
         return unbroadcast(grad_out, a_shape), unbroadcast(grad_out, b_shape)
 
 
@@ -33,13 +32,12 @@ class Sub(Function):
     @staticmethod
     def forward(ctx, a, b):
         shape = broadcast_shape("sub", a.shape, b.shape)
-        ctx.shapes = (a.shape, b.shape)
         ctx.flops = (numel(shape), numel(shape))
         return a - b
 
     @staticmethod
     def backward(ctx, grad_out):
-        a_shape, b_shape = ctx.shapes
+        a_shape, b_shape = ctx.in_shapes
         gb = unbroadcast(-grad_out, b_shape) if ctx.needs_input_grad[1] else None
         return unbroadcast(grad_out, a_shape), gb
 
@@ -64,7 +62,6 @@ class Mul(Function):
     @staticmethod
     def forward(ctx, a, b):
         shape = broadcast_shape("mul", a.shape, b.shape)
-        ctx.shapes = (a.shape, b.shape)
         if ctx.needs_input_grad[0]:
             ctx.save(b=b)
         if ctx.needs_input_grad[1]:
@@ -74,7 +71,7 @@ class Mul(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        a_shape, b_shape = ctx.shapes
+        a_shape, b_shape = ctx.in_shapes
         ga = unbroadcast(grad_out * ctx.saved["b"], a_shape) if ctx.needs_input_grad[0] else None
         gb = unbroadcast(grad_out * ctx.saved["a"], b_shape) if ctx.needs_input_grad[1] else None
         return ga, gb
@@ -86,7 +83,6 @@ class Div(Function):
     @staticmethod
     def forward(ctx, a, b):
         shape = broadcast_shape("div", a.shape, b.shape)
-        ctx.shapes = (a.shape, b.shape)
         out = a / b
         ctx.save(b=b)
         if ctx.needs_input_grad[1]:
@@ -96,7 +92,7 @@ class Div(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        a_shape, b_shape = ctx.shapes
+        a_shape, b_shape = ctx.in_shapes
         b = ctx.saved["b"]
         ga = unbroadcast(grad_out / b, a_shape) if ctx.needs_input_grad[0] else None
         gb = unbroadcast(-grad_out * ctx.saved["out"] / b, b_shape) if ctx.needs_input_grad[1] else None
@@ -199,36 +195,19 @@ class Tanh(Function):
 
 class MaskedFill(Function):
     """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
-    scores are not copied once more). Saves the boolean mask: dL/dx = 0 where mask else g·scale. Runs on
-    blocks of the leading axes over the thread pool (the mask repeats along them)."""
+    scores are not copied once more). Saves the boolean mask: dL/dx = 0 where mask else g·scale."""
 
     op = "masked_fill"
 
     @staticmethod
     def forward(ctx, x, mask, value: float, scale: float = 1.0):
-        shape = broadcast_shape("masked_fill", x.shape, mask.shape)
-        ctx.x_shape, ctx.scale = x.shape, scale
+        broadcast_shape("masked_fill", x.shape, mask.shape)
+        ctx.scale = scale
         ctx.save(mask=mask)
         ctx.flops = ((1 + (scale != 1)) * numel(x.shape), (1 + (scale != 1)) * numel(x.shape))
-        out = xp().empty(shape, dtype=x.dtype)
-        fill, factor = xp().asarray(value, dtype=x.dtype), xp().asarray(scale, dtype=x.dtype)
-
-        def kernel(out, x):
-            xp().multiply(x, factor, out=out)
-            xp().copyto(out, fill, where=mask)
-
-        threads.rows(kernel, out, x, inner=len(mask.shape))
-        return out
+        return kernels.masked_fill(x, mask, value, scale)
 
     @staticmethod
     def backward(ctx, grad_out):
-        mask = ctx.saved["mask"]
-        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-        zero, factor = xp().zeros((), dtype=grad_out.dtype), xp().asarray(ctx.scale, dtype=grad_out.dtype)
-
-        def kernel(grad, grad_out):
-            xp().multiply(grad_out, factor, out=grad)
-            xp().copyto(grad, zero, where=mask)
-
-        threads.rows(kernel, grad, grad_out, inner=len(mask.shape))
-        return unbroadcast(grad, ctx.x_shape), None
+        grad = kernels.masked_fill_grad(grad_out, ctx.saved["mask"], ctx.scale)  # 0 where mask else g·scale
+        return unbroadcast(grad, ctx.in_shapes[0]), None

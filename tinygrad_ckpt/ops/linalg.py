@@ -21,7 +21,6 @@ class MatMul(Function):
             _two_dtypes("matmul", a, b)
         batch = broadcast_shape("matmul", a.shape[:-2], b.shape[:-2])
         m, k, n = a.shape[-2], a.shape[-1], b.shape[-1]
-        ctx.shapes = (a.shape, b.shape)
         if ctx.needs_input_grad[0]:
             ctx.save(b=b)
         if ctx.needs_input_grad[1]:
@@ -32,7 +31,7 @@ class MatMul(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        a_shape, b_shape = ctx.shapes
+        a_shape, b_shape = ctx.in_shapes
         ga = gb = None
         if ctx.needs_input_grad[0]:
             ga = unbroadcast(grad_out @ ctx.saved["b"].swapaxes(-1, -2), a_shape)
@@ -60,7 +59,6 @@ class Linear(Function):
             raise ValueError(f"linear: bias of shape {list(bias.shape)} should be [{weight.shape[0]}]")
         if x.dtype != weight.dtype or (bias is not None and bias.dtype != x.dtype):
             _two_dtypes("linear", x, weight, *([] if bias is None else [bias]))
-        ctx.x_shape, ctx.has_bias = x.shape, bias is not None
         if ctx.needs_input_grad[0]:
             ctx.save(weight=weight)
         if ctx.needs_input_grad[1]:
@@ -77,10 +75,10 @@ class Linear(Function):
     def backward(ctx, grad_out):
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            gx = (_rows(grad_out) @ ctx.saved["weight"]).reshape(ctx.x_shape)
+            gx = (_rows(grad_out) @ ctx.saved["weight"]).reshape(ctx.in_shapes[0])
         if ctx.needs_input_grad[1]:
             gw = _rows(grad_out).T @ _rows(ctx.saved["x"])
-        if ctx.has_bias and ctx.needs_input_grad[2]:
+        if len(ctx.in_shapes) == 3 and ctx.needs_input_grad[2]:  # a bias was given
             gb = _rows(grad_out).sum(axis=0)
         return gx, gw, gb
 

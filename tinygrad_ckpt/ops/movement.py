@@ -26,12 +26,11 @@ class Reshape(Function):
                 f"reshape: cannot view an input of shape {list(x.shape)} ({numel(x.shape)} elements) "
                 f"as {list(shape)}; the element counts must match (at most one -1)."
             )
-        ctx.in_shape = x.shape
         return x.reshape(shape)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return grad_out.reshape(ctx.in_shape)
+        return grad_out.reshape(ctx.in_shapes[0])
 
 
 class View(Reshape):
@@ -109,7 +108,7 @@ class GetItem(Function):
 
     @staticmethod
     def forward(ctx, x, index):
-        ctx.in_shape, ctx.dtype, ctx.index = x.shape, x.dtype, index
+        ctx.index = index
         if not _is_basic(index):
             ctx.save(index=index)  # integer/boolean arrays: kept, since backward scatters through them
         try:
@@ -120,7 +119,7 @@ class GetItem(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = xp().zeros(ctx.in_shape, dtype=grad_out.dtype)
+        grad = xp().zeros(ctx.in_shapes[0], dtype=grad_out.dtype)
         if "index" in ctx.saved:
             xp().add.at(grad, ctx.saved["index"], grad_out)
         else:
@@ -141,7 +140,7 @@ class Split(Function):
         if sum(sizes) != x.shape[axis] or any(n < 0 for n in sizes):
             raise ValueError(f"split: sizes {list(sizes)} must be non-negative and add up to {x.shape[axis]}, the "
                              f"length of axis {axis} of a tensor of shape {list(x.shape)}")
-        ctx.in_shape, ctx.pieces, start = x.shape, [], 0
+        ctx.pieces, start = [], 0
         for n in sizes:
             ctx.pieces.append((slice(None),) * axis + (slice(start, start + n),))
             start += n
@@ -149,7 +148,7 @@ class Split(Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        grad = xp().empty(ctx.in_shape, dtype=grads[0].dtype)
+        grad = xp().empty(ctx.in_shapes[0], dtype=grads[0].dtype)
         for piece, g in zip(ctx.pieces, grads):
             grad[piece] = g
         return grad
@@ -164,7 +163,6 @@ class Embedding(Function):
         if ids.dtype.kind not in "iu":
             raise TypeError(f"embedding: ids must be an integer array, got dtype {ids.dtype}")
         check_range("embedding", "id", ids, weight.shape[0], f"rows of a table of shape {list(weight.shape)}")
-        ctx.weight_shape = weight.shape
         ctx.save(ids=ids)
         ctx.flops = (0, numel(ids.shape) * weight.shape[1])
         return weight[ids]
@@ -172,7 +170,7 @@ class Embedding(Function):
     @staticmethod
     def backward(ctx, grad_out):
         ids = ctx.saved["ids"]
-        grad = xp().zeros(ctx.weight_shape, dtype=grad_out.dtype)
-        rows = grad_out.reshape(numel(ids.shape), ctx.weight_shape[1])
+        grad = xp().zeros(ctx.in_shapes[0], dtype=grad_out.dtype)
+        rows = grad_out.reshape(numel(ids.shape), ctx.in_shapes[0][1])
         backend.current().scatter_add_rows(grad, ids.reshape(-1), rows)
         return grad, None

@@ -3,15 +3,10 @@ what to save. These choices are the activation memory the lessons measure."""
 
 from __future__ import annotations
 
-import math
-
 from .. import backend
-from ..backend import threads, xp
+from ..backend import kernels, xp
 from ..function import Function
 from ._util import axis_of, check_float, check_range, numel
-
-_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
-_TANH_C = math.sqrt(2 / math.pi)
 
 
 class GELU(Function):
@@ -19,8 +14,7 @@ class GELU(Function):
 
     dL/dx = g·(Φ(x) + x·φ(x)) (tanh form: its own derivative). Saves its input x, which cannot be recovered
     from gelu(x) (gelu is not one-to-one for x < 0), and its output, which the linear after it keeps anyway:
-    backward reads Φ(x) = out/x (½ at x = 0) from it instead of evaluating erf (or tanh) again. Runs on
-    blocks of rows over the thread pool.
+    backward reads Φ(x) = out/x (½ at x = 0) from it instead of evaluating erf (or tanh) again.
     """
 
     @staticmethod
@@ -30,106 +24,37 @@ class GELU(Function):
         check_float("gelu", x)
         ctx.approximate = approximate
         ctx.flops = (8 * numel(x.shape), 8 * numel(x.shape))
-        out = xp().empty(x.shape, dtype=x.dtype)
-        threads.rows(_gelu_tanh if approximate == "tanh" else _gelu_erf, out, x)
+        out = kernels.gelu(x, approximate)  # x·Φ(x)
         ctx.save(x=x, out=out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-        kernel = _gelu_tanh_grad if ctx.approximate == "tanh" else _gelu_erf_grad
-        threads.rows(kernel, grad, ctx.saved["x"], ctx.saved["out"], grad_out)
-        return grad
-
-
-def _gelu_erf(out, x):
-    backend.current().gelu(x, out)
-
-
-def _gelu_tanh(out, x):
-    out[...] = xp().tanh(_TANH_C * (x + 0.044715 * x * x * x))
-    out += 1
-    out *= 0.5 * x
-
-
-def _phi(phi, x, out):
-    """phi = Φ = out/x, read from gelu's output (½ where x = 0, which divides 0 by 1 instead of by 0)."""
-    zero = x == 0
-    xp().divide(out, x + zero, out=phi)
-    xp().copyto(phi, xp().asarray(0.5, dtype=phi.dtype), where=zero)
-
-
-def _gelu_erf_grad(grad, x, out, grad_out):
-    """grad = g·(Φ(x) + x·φ(x)), φ(x) = e^(-x²/2)/√(2π), with one temporary."""
-    _phi(grad, x, out)
-    density = x * x
-    density *= -0.5
-    xp().exp(density, out=density)
-    density *= x
-    density *= _INV_SQRT_2PI
-    grad += density
-    grad *= grad_out
-
-
-def _gelu_tanh_grad(grad, x, out, grad_out):
-    """grad = g·(½(1 + t) + ½x(1 - t²)·√(2/π)(1 + 3·0.044715x²)), t = 2Φ - 1 read from the output."""
-    _phi(grad, x, out)  # ½(1 + t)
-    t = 2 * grad - 1
-    grad += 0.5 * x * (1 - t * t) * _TANH_C * (1 + 3 * 0.044715 * x * x)
-    grad *= grad_out
+        x, out = ctx.saved["x"], ctx.saved["out"]
+        return kernels.gelu_grad(grad_out, x, out, ctx.approximate)  # g·(Φ(x) + x·φ(x)), Φ(x) = out/x
 
 
 class Softmax(Function):
-    """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y).
-    Along the last axis it runs on row chunks over the thread pool."""
+    """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y)."""
 
     @staticmethod
     def forward(ctx, x, axis=-1):
         check_float("softmax", x)
         ctx.axis = _axis("softmax", axis, x)
-        out = xp().empty(x.shape, dtype=x.dtype)
-        _by_rows(ctx, _softmax, out, x)
+        out = kernels.softmax(x, ctx.axis)
         ctx.save(out=out)
         ctx.flops = (4 * numel(x.shape), 4 * numel(x.shape))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-        _by_rows(ctx, _softmax_grad, grad, ctx.saved["out"], grad_out)
-        return grad
+        return kernels.softmax_grad(grad_out, ctx.saved["out"], ctx.axis)  # y·(g - Σ g·y)
 
 
 def _axis(op: str, axis, x):
     """The axis softmax runs along: checked, counted from 0; for a 0-d tensor none, (), so it is one value alone."""
     axis = axis_of(op, axis, x.shape)
     return axis if x.shape else ()
-
-
-def _by_rows(ctx, kernel, *arrays):
-    """kernel(*arrays, axis=ctx.axis), on row chunks when the axis is the last one (nothing to do when empty)."""
-    axis = ctx.axis
-    if numel(arrays[0].shape) == 0:
-        return
-    if axis == len(arrays[0].shape) - 1:
-        threads.rows(lambda *chunks: kernel(*chunks, axis=-1), *arrays)
-    else:
-        kernel(*arrays, axis=axis)
-
-
-def _softmax(out, x, axis):
-    xp().subtract(x, x.max(axis=axis, keepdims=True), out=out)
-    xp().exp(out, out=out)
-    out /= backend.current().row_sums(out) if axis == -1 else out.sum(axis=axis, keepdims=True)
-
-
-def _softmax_grad(out, y, grad_out, axis):
-    """out = y·(g - Σ g·y), with no temporary beyond the row sums."""
-    xp().multiply(grad_out, y, out=out)
-    dot = out.sum(axis=axis, keepdims=True)
-    xp().subtract(grad_out, dot, out=out)
-    out *= y
 
 
 class LogSoftmax(Function):
@@ -224,28 +149,7 @@ class LayerNorm(Function):
         if not x.dtype == weight.dtype == bias.dtype:
             raise TypeError(f"layer_norm: input {x.dtype}, weight {weight.dtype} and bias {bias.dtype} must have one "
                             "dtype, as in PyTorch; convert the weight and bias to the input's")
-        out = xp().empty(x.shape, dtype=x.dtype)
-        xhat = xp().empty(x.shape, dtype=x.dtype)
-        rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
-
-        be = backend.current()
-
-        def normalise(out, xhat, rstd, x):
-            mean = be.row_sums(x)
-            mean /= d
-            xp().subtract(x, mean, out=xhat)
-            var = be.row_dots(xhat, xhat)
-            var /= d
-            var += eps
-            rstd[...] = 1 / xp().sqrt(var)
-            xhat *= rstd
-            xp().multiply(xhat, weight, out=out)
-            out += bias
-
-        if numel(x.shape):
-            threads.rows(normalise, out, xhat, rstd, x)
-        else:  # nothing to normalise (and a row of no values has no mean)
-            rstd[...] = 0
+        out, xhat, rstd = kernels.layer_norm(x, weight, bias, eps)  # x̂ = (x - mean)/√(var + eps), out = x̂·w + b
         ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
         ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
         if ctx.zero_columns is not None:
@@ -259,30 +163,13 @@ class LayerNorm(Function):
         if numel(out.shape) == 0:
             return tuple(xp().zeros(a.shape, dtype=grad_out.dtype) for a in (out, weight, bias))
         zero = ctx.zero_columns
-        safe_weight = weight if zero is None else xp().where(weight == 0, xp().ones((), dtype=weight.dtype), weight)
-        xhat = xp().empty(out.shape, dtype=out.dtype)
-
-        def recover(xhat, out):
-            xp().subtract(out, bias, out=xhat)
-            xhat /= safe_weight
-
-        threads.rows(recover, xhat, out)
+        xhat = kernels.layer_norm_xhat(out, weight, bias, zero is not None)  # x̂ = (out - b)/w
         if zero is not None:
             xhat[..., zero] = ctx.saved["xhat_where_weight_is_0"]
         rows = grad_out.reshape(-1, grad_out.shape[-1])
-        gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)
-        gb = rows.sum(axis=0)
-        gx = xp().empty(grad_out.shape, dtype=grad_out.dtype)
-
-        def input_grad(gx, grad_out, xhat, rstd):
-            xp().multiply(grad_out, weight, out=gx)  # ĝ = g·w
-            dot = (gx * xhat).mean(axis=-1, keepdims=True)
-            gx -= gx.mean(axis=-1, keepdims=True)
-            gx -= xhat * dot
-            gx *= rstd
-
-        threads.rows(input_grad, gx, grad_out, xhat, rstd)
-        return gx, gw, gb
+        gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)  # Σ g·x̂
+        gb = rows.sum(axis=0)  # Σ g
+        return kernels.layer_norm_input_grad(grad_out, xhat, rstd, weight), gw, gb
 
 
 def _zero_columns(weight):

@@ -21,13 +21,13 @@ class Sum(Function):
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
-        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, axes_of("sum", axis, x.shape), keepdims
+        ctx.axes, ctx.keepdims = axes_of("sum", axis, x.shape), keepdims
         ctx.flops = (numel(x.shape), 0)
         return x.sum(axis=ctx.axes, keepdims=keepdims)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return _expand(grad_out, ctx.in_shape, ctx.axes, ctx.keepdims)
+        return _expand(grad_out, ctx.in_shapes[0], ctx.axes, ctx.keepdims)
 
 
 class Mean(Function):
@@ -36,7 +36,7 @@ class Mean(Function):
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
         check_float("mean", x)
-        ctx.in_shape, ctx.axes, ctx.keepdims = x.shape, axes_of("mean", axis, x.shape), keepdims
+        ctx.axes, ctx.keepdims = axes_of("mean", axis, x.shape), keepdims
         ctx.count = numel([x.shape[a] for a in ctx.axes])
         ctx.flops = (numel(x.shape), numel(x.shape))
         if ctx.count == 0:  # the mean of nothing is NaN, as in PyTorch (without NumPy's warning)
@@ -46,8 +46,8 @@ class Mean(Function):
     @staticmethod
     def backward(ctx, grad_out):
         if ctx.count == 0:  # an empty mean: nothing to spread the gradient over
-            return xp().zeros(ctx.in_shape, dtype=grad_out.dtype)
-        return _expand(grad_out / ctx.count, ctx.in_shape, ctx.axes, ctx.keepdims)
+            return xp().zeros(ctx.in_shapes[0], dtype=grad_out.dtype)
+        return _expand(grad_out / ctx.count, ctx.in_shapes[0], ctx.axes, ctx.keepdims)
 
 
 class Max(Function):
@@ -64,7 +64,7 @@ class Max(Function):
             raise ValueError(f"max: a tensor of shape {list(x.shape)} has no elements "
                              f"{'' if axis is None else f'along axis {axis} '}to take a maximum of; check the slice or "
                              "batch that produced it.")
-        ctx.in_shape, ctx.axis, ctx.keepdims = x.shape, axis, keepdims
+        ctx.axis, ctx.keepdims = axis, keepdims
         if axis is None:
             index = x.argmax()
             out = x.reshape(-1)[index]
@@ -79,7 +79,7 @@ class Max(Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = xp().zeros(ctx.in_shape, dtype=grad_out.dtype)
+        grad = xp().zeros(ctx.in_shapes[0], dtype=grad_out.dtype)
         index = ctx.saved["index"]
         if ctx.axis is None:
             grad.reshape(-1)[index] = grad_out.reshape(())
