@@ -17,7 +17,7 @@ LAYERS = [
     {"observe"},  # the observers: how tools watch the engine
     {"tape"},  # entries, graphs, the backward loop
     {"tensor", "function", "ops"},  # the circle: Tensor <-> ops
-    {"functional", "optim", "debug"},  # debug: pdb breakpoints and anomaly checks, observers
+    {"functional", "optim", "debug", "amp"},  # amp: tg.autocast  # debug: pdb breakpoints and anomaly checks, observers
     {"policies", "early_stop", "replay_check"},  # the checkpoint's features, each an observer of its segment
     {"checkpoint"},  # a client of the core: the segment operator
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
@@ -31,7 +31,7 @@ LAYERS = [
     {"cli"},
 ]
 CIRCLE = {"tensor", "function", "ops"}
-CORE = {"units", "state", "backend", "observe", "tape", "tensor", "function", "ops"}
+CORE = {"units", "checks", "state", "backend", "observe", "tape", "tensor", "function", "ops"}
 RANK = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
 

@@ -15,6 +15,7 @@ if _state.tune_process and "numpy" not in _sys.modules and "OPENBLAS_THREAD_TIME
     _state.process_settings["OPENBLAS_THREAD_TIMEOUT"] = "14"
 
 from . import debug, functional, nn, optim
+from .amp import autocast
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
 from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
 from .debug import detect_anomaly
@@ -31,6 +32,6 @@ __all__ = [
     "is_grad_enabled", "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state",
     "use_backend", "Ledger", "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy",
     "Decision", "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional",
-    "nn", "optim", "draw_tape", "print_saved",
+    "nn", "optim", "draw_tape", "print_saved", "autocast",
 ]
 __version__ = "0.1.0"

@@ -7,6 +7,7 @@ from __future__ import annotations
 import difflib
 import numbers
 
+import ml_dtypes
 import numpy as np
 
 
@@ -15,10 +16,20 @@ def number(x) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)  # NumPy has none of its own; ml_dtypes (the JAX team's) adds it
+
+
+def kind(dtype) -> str:
+    """NumPy's kind letter of a dtype ("f" floating, "i" signed, "u" unsigned, "b" bool, "c" complex), with
+    bfloat16, a "V" (void) to NumPy, counted as the floating-point type it is."""
+    dtype = np.dtype(dtype)
+    return "f" if dtype == BFLOAT16 else dtype.kind
+
+
 def float_dtype(dtype) -> bool:
-    """Does `dtype` name a floating-point dtype (np.float32, "float16")?"""
+    """Does `dtype` name a floating-point dtype (np.float32, "float16", "bfloat16")?"""
     try:
-        return np.dtype(dtype).kind == "f"
+        return kind(dtype) == "f"
     except TypeError:
         return False
 

@@ -26,6 +26,7 @@ import weakref
 import zlib
 
 from . import backend, state
+from .checks import kind
 from .observe import Observer, observing
 
 
@@ -204,7 +205,7 @@ def detect_anomaly():
 
 def _bad(a, infs_allowed: bool = False) -> bool:
     be = backend.current()
-    if not be.has_values or a is None or not hasattr(a, "dtype") or a.dtype.kind not in "fc":
+    if not be.has_values or a is None or not hasattr(a, "dtype") or kind(a.dtype) not in "fc":
         return False
     return bool(be.xp.isnan(a).any()) if infs_allowed else not bool(be.xp.isfinite(a).all())
 

@@ -19,20 +19,23 @@ def gelu(x, approximate: str = "none"):
 
 
 def softmax(x, axis: int = -1):
+    (x,) = ops.autocast_inputs("float32", x)
     return ops.Softmax.apply(x, axis=axis)
 
 
 def log_softmax(x, axis: int = -1):
+    (x,) = ops.autocast_inputs("float32", x)
     return ops.LogSoftmax.apply(x, axis=axis)
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5):
-    return ops.LayerNorm.apply(x, weight, bias, eps=eps)
+    return ops.LayerNorm.apply(*ops.autocast_inputs("float32", x, weight, bias), eps=eps)
 
 
 def linear(x, weight, bias=None):
     """x @ weightᵀ + bias, weight of shape [out_features, in_features]."""
-    return ops.Linear.apply(x, weight) if bias is None else ops.Linear.apply(x, weight, bias)
+    inputs = ops.autocast_inputs("half", x, weight) if bias is None else ops.autocast_inputs("half", x, weight, bias)
+    return ops.Linear.apply(*inputs)
 
 
 def dropout(x, p: float = 0.0, training: bool = True):
@@ -61,6 +64,7 @@ def cross_entropy(logits, targets, ignore_index: int = -1):
             raise ValueError(f"cross_entropy: unbatched logits [{logits.shape[0]}] take one 0-d target, got targets "
                              f"{list(targets.shape)}; for a batch pass logits [N, C] and targets [N]")
         logits, targets = logits.reshape(1, -1), targets.reshape(1)
+    (logits,) = ops.autocast_inputs("float32", logits)
     return ops.CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
 
 
@@ -89,6 +93,7 @@ def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float 
                 f"scaled_dot_product_attention: {name} must be [B, H, T, head_dim], got {list(t.shape)}"
             )
     if impl == "chunked":
+        q, k, v = ops.autocast_inputs("half", q, k, v)
         return ops.ChunkedAttention.apply(q, k, v, causal=causal, dropout_p=dropout_p if training else 0.0,
                                           block_size=block_size)
     scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]

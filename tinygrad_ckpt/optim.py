@@ -13,6 +13,8 @@ import signal
 import threading
 from collections.abc import Mapping, Set
 
+import numpy as np
+
 from . import observe
 from .backend import kernels, xp
 from .checks import float_dtype, number
@@ -85,19 +87,24 @@ def _sigint_held():
 
 
 class Optimizer:
-    def __init__(self, params, lr: float, state_dtype=None):
+    """`master_weights=True` keeps a float32 copy of each half-precision parameter (mixed precision: the optimizer
+    state ":master"), updates it in float32 and writes the parameter back rounded, each step."""
+
+    def __init__(self, params, lr: float, state_dtype=None, master_weights: bool = False):
         name = type(self).__name__
         self.params = _parameters(name, params)
         self.lr = _check(name, "lr", lr, lambda v: v >= 0, "a learning rate >= 0")
         _check(name, "state_dtype", state_dtype, state_dtype is None or float_dtype(state_dtype),
-               "None (the parameter's dtype) or a floating-point dtype such as np.float32")
-        self.state_dtype = state_dtype  # None: the parameter's dtype (as PyTorch); e.g. np.float32 for fp16 params
+               "None (the parameter's dtype; float32 for a half one) or a floating-point dtype such as np.float32")
+        _check(name, "master_weights", master_weights, isinstance(master_weights, bool), "True or False")
+        self.state_dtype = state_dtype
+        self.master_weights = master_weights
         self.state: dict[int, dict] = {}
         self.step_count = 0
 
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
-                          if k not in ("params", "state", "step_count", "state_dtype"))
+                          if k not in ("params", "state", "step_count", "state_dtype", "master_weights"))
         return f"{type(self).__name__}({hyper}; {len(self.params)} parameters, {self.step_count} steps taken)"
 
     def zero_grad(self) -> None:
@@ -114,15 +121,29 @@ class Optimizer:
         """Arithmetic operations `update` spends on one element of a parameter."""
         raise NotImplementedError
 
+    def state_dtype_of(self, p):
+        """The dtype of p's states: `state_dtype`, else float32 under master weights, else p's own (PyTorch's)."""
+        if self.state_dtype is not None:
+            return self.state_dtype
+        return np.float32 if self.master_weights else p.dtype
+
     def _state(self, p, **names):
-        """The state arrays of parameter p, created as zeros on first use."""
+        """The state arrays of parameter p, created on first use: zeros, and with master weights p's values in
+        float32 (":master")."""
         st = self.state.get(id(p))
         if st is None:
-            st = {k: xp().zeros(p.shape, dtype=self.state_dtype or p.dtype) for k in names}
+            dtype = self.state_dtype_of(p)
+            st = {k: xp().zeros(p.shape, dtype=dtype) for k in names}
+            if self.master_weights:
+                st["master"] = p.data.astype(np.float32)
             for k, a in st.items():
                 observe.alloc(a, "optimizer", self.state_name(p, k))
             self.state[id(p)] = st
         return st
+
+    def _updated(self, p):
+        """The array an update writes: p's float32 master copy under master weights, else p's data."""
+        return self.state[id(p)]["master"] if self.master_weights else p.data
 
     def step(self) -> None:
         """Update every parameter that has a gradient. A Ctrl-C during the step is held until the step ends (on the
@@ -132,8 +153,10 @@ class Optimizer:
             kind, flops = type(self).__name__.lower(), self.flops_per_element()
             for p in self.params:
                 if p.grad is not None:
-                    with observe.update(kind, p.name or "param", flops * p.size):
+                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size):
                         self.update(p, p.grad)
+                        if self.master_weights:
+                            p.data[...] = self.state[id(p)]["master"]  # the half weights, refreshed (rounded)
                     increment_version(p)
 
     def update(self, p, g) -> None:
@@ -144,8 +167,8 @@ class SGD(Optimizer):
     """v ← μ·v + g (+ λ·w);  w ← w - lr·v.  One state (the velocity) when momentum > 0."""
 
     def __init__(self, params, lr: float = 1e-2, momentum: float = 0.0, weight_decay: float = 0.0,
-                 state_dtype=None):
-        super().__init__(params, lr, state_dtype)
+                 state_dtype=None, master_weights: bool = False):
+        super().__init__(params, lr, state_dtype, master_weights)
         self.momentum = _check("SGD", "momentum", momentum, lambda v: v >= 0, "momentum >= 0")
         self.weight_decay = _check("SGD", "weight_decay", weight_decay, lambda v: v >= 0, "weight_decay >= 0")
 
@@ -153,25 +176,29 @@ class SGD(Optimizer):
         return 2 + (2 if self.weight_decay else 0) + (2 if self.momentum else 0)  # w -= lr·v; + λ·w; μ·v + g
 
     def update(self, p, g) -> None:
+        st = self._state(p, **({"velocity": None} if self.momentum else {}))
+        w = self._updated(p)
+        g = g if g.dtype == w.dtype else g.astype(w.dtype)
         if self.weight_decay:
-            g = g + self.weight_decay * p.data
+            g = g + self.weight_decay * w
         if self.momentum:
-            v = self._state(p, velocity=None)["velocity"]
+            v = st["velocity"]
             v *= self.momentum
             v += g
             g = v
-        p.data -= self.lr * g
+        w -= self.lr * g
 
 
 class AdamW(Optimizer):
     """Adam with decoupled weight decay (Loshchilov & Hutter):
     m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;  w ← w - lr·(m̂/(√v̂ + eps) + λ·w),
-    with m̂ = m/(1-β1ᵗ), v̂ = v/(1-β2ᵗ). Two states per parameter, in the parameter's dtype unless
-    `state_dtype` says otherwise (float32 states for float16 parameters, as mixed precision keeps them)."""
+    with m̂ = m/(1-β1ᵗ), v̂ = v/(1-β2ᵗ). Two states per parameter, in the parameter's dtype (float32 under master
+    weights) unless `state_dtype` says otherwise. The update is computed in float32 whatever the dtypes (in
+    float16, eps = 1e-8 is 0 and a small v divides by 0), and stored back rounded."""
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
-                 weight_decay: float = 0.01, state_dtype=None):
-        super().__init__(params, lr, state_dtype)
+                 weight_decay: float = 0.01, state_dtype=None, master_weights: bool = False):
+        super().__init__(params, lr, state_dtype, master_weights)
         ok = isinstance(betas, (tuple, list)) and len(betas) == 2 and all(number(b) and 0 <= b < 1 for b in betas)
         _check("AdamW", "betas", betas, ok, "two numbers in [0, 1), e.g. (0.9, 0.999)")
         self.betas = tuple(_plain(b) for b in betas)
@@ -184,5 +211,5 @@ class AdamW(Optimizer):
 
     def update(self, p, g) -> None:
         st = self._state(p, m=None, v=None)
-        kernels.adamw_update(p.data, st["m"], st["v"], g, self.lr, self.betas, self.eps, self.weight_decay,
-                             self.step_count)
+        kernels.adamw_update(self._updated(p), st["m"], st["v"], g, self.lr, self.betas, self.eps,
+                             self.weight_decay, self.step_count)

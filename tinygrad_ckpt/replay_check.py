@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import backend, state
+from .checks import kind
 from .observe import Observer, SegmentObserver
 from .tensor import Tensor
 
@@ -39,7 +40,7 @@ _TIP = " Pass determinism_check='none' to skip this check (the op sequence is st
 
 def checksum(a, xp, sample: bool = False) -> int | None:
     """A fingerprint of an array's bits (see the module); `sample`: of its first row's first 64 elements."""
-    if a.dtype.kind not in "fciub":
+    if kind(a.dtype) not in "fciub":
         return None
     if a.size == 0:
         return 0

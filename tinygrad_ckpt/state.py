@@ -9,6 +9,7 @@ other's settings:
                    checkpointed segment, anomaly checks, breakpoints (see observe.py)
     segments       how many checkpointed segments run now, one inside another (forwards or replays): a
                    segment's observers act on the ops of their own depth only
+    autocast       the half dtype of a `tg.autocast(...)` block (functional.autocast), or None
     seed, counter  the random-number state: draw n uses a generator seeded with [seed, n]
 
 A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
@@ -47,6 +48,7 @@ class ThreadState(threading.local):
         self.prefix = ""
         self.observers: list = [make() for make in thread_start]
         self.segments = 0
+        self.autocast = None
         self.seed, self.counter = 0, 0
 
     def __repr__(self) -> str:

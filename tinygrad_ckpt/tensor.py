@@ -21,6 +21,7 @@ import math
 import numpy as np
 
 from . import backend, observe, state
+from .checks import kind
 from .tape import Tape, backward_steps, graph, run
 
 
@@ -161,7 +162,7 @@ class Tensor:
         return self
 
     def _check_differentiable(self, call: str) -> None:
-        if self.dtype.kind not in "fc":
+        if kind(self.dtype) not in "fc":
             self.requires_grad = False
             raise TypeError(
                 f"{call}: only floating-point tensors can require gradients, got dtype {self.dtype} "

@@ -200,12 +200,21 @@ def masked_fill_grad(grad_out, mask, scale: float):
 
 # ---- AdamW ----------------------------------------------------------------------------------------------
 def adamw_update(w, m, v, g, lr: float, betas: tuple, eps: float, weight_decay: float, t: int) -> None:
-    """In place: m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;  w ← w·(1 - lr·λ) - lr/(1-β1ᵗ) · m/(√(v/(1-β2ᵗ)) + eps)."""
+    """In place, computed in float32 (w, m, v may be half precision): m ← β1·m + (1-β1)·g;  v ← β2·v + (1-β2)·g²;
+    w ← w·(1 - lr·λ) - lr/(1-β1ᵗ) · m/(√(v/(1-β2ᵗ)) + eps)."""
     b1, b2 = betas
     decay = 1 - lr * weight_decay
     step = lr / (1 - b1**t)
 
     def kernel(w, m, v, g):
+        if np.dtype(m.dtype).itemsize < 4:  # half-precision states: updated in float32 copies, stored back rounded
+            m32, v32 = m.astype(np.float32), v.astype(np.float32)
+            w32 = w.astype(np.float32)
+            kernel(w32, m32, v32, g)
+            m[...], v[...], w[...] = m32, v32, w32
+            return
+        if g.dtype != m.dtype:  # a half-precision gradient: the update runs in the states' float32
+            g = g.astype(m.dtype)
         m *= b1
         m += (1 - b1) * g
         v *= b2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..checks import kind
 from .erf import erf_float32
 
 _vecdot = getattr(np, "vecdot", None)  # NumPy >= 2.0
@@ -55,6 +56,12 @@ class Backend:
 
         return erf(x)
 
+    def matmul(self, a, b):
+        """a @ b in the operands' dtype: ml_dtypes' bfloat16 product comes back in float32, where it was summed
+        (as a GPU's tensor cores sum), and is rounded to bfloat16 here, as PyTorch returns it."""
+        out = a @ b
+        return out if out.dtype == a.dtype else out.astype(a.dtype)
+
     def row_sums(self, a):
         """Σ over the last axis, kept as [..., 1]. On a short contiguous axis NumPy's add.reduce loops per row
         (30 µs on [512, 256] float32 here); einsum's sum-of-products loop takes 11 µs. Each row is summed the
@@ -63,12 +70,12 @@ class Backend:
             return a.sum(axis=-1, keepdims=True)
         if a.dtype.kind == "f" and a.dtype.itemsize >= 4:
             return np.einsum("...i->...", a)[..., None]
-        return a.sum(axis=-1, keepdims=True, dtype=np.float32 if a.dtype.kind == "f" else None)
+        return a.sum(axis=-1, keepdims=True, dtype=np.float32 if kind(a.dtype) == "f" else None)
 
     def row_dots(self, a, b):
         """Σ a·b over the last axis, kept as [..., 1], with no temporary for the products (NumPy's vecdot: one
         dot product per row; einsum on NumPy 1.x)."""
-        if self.xp is not np or a.dtype.kind != "f" or a.dtype.itemsize < 4:
+        if self.xp is not np or kind(a.dtype) != "f" or a.dtype.itemsize < 4:
             return self.row_sums(a * b)
         if _vecdot is None:
             return np.einsum("...i,...i->...", a, b)[..., None]

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
+from .. import backend, state
 from ..backend import xp
+from ..checks import kind
 from ..tensor import Tensor  # tensor.py imports this package last, so either may be imported first
 from ._util import broadcast_shape, constant, unbroadcast
 from .attention import ChunkedAttention
@@ -37,9 +38,9 @@ def _promoted(t, value):
     """(t, value as a 0-d constant of t's dtype), except where PyTorch promotes: a float meeting an integer or
     bool tensor makes both float32, an int meeting a bool tensor makes both int64 (such tensors cannot require
     grad, so their converted data may stand in for them)."""
-    kind = t.dtype.kind
-    target = "float32" if isinstance(value, float) and kind in "iub" else (
-        "int64" if kind == "b" and not isinstance(value, bool) else None)
+    k = kind(t.dtype)
+    target = "float32" if isinstance(value, float) and k in "iub" else (
+        "int64" if k == "b" and not isinstance(value, bool) else None)
     if target is not None:
         data = _raw(t).astype(target)
         return data, constant(value, data)
@@ -53,7 +54,7 @@ def _mixed(a, b):
     """(a, b) in the one dtype PyTorch computes them in: the higher category (bool < integer < floating) wins; within
     one, a dimensioned operand's dtype wins over a 0-d one's (float16 [3] * float64 [] is float16); else NumPy's
     promotion, which there is PyTorch's. An operand that requires grad is cast by an op, so its gradient flows back."""
-    rank_a, rank_b = _CATEGORY[a.dtype.kind], _CATEGORY[b.dtype.kind]
+    rank_a, rank_b = _CATEGORY[kind(a.dtype)], _CATEGORY[kind(b.dtype)]
     if rank_a != rank_b:
         dtype = (a if rank_a > rank_b else b).dtype
     elif bool(a.shape) != bool(b.shape):
@@ -61,6 +62,18 @@ def _mixed(a, b):
     else:
         dtype = np.promote_types(a.dtype, b.dtype)
     return cast(a, dtype), cast(b, dtype)
+
+
+def autocast_inputs(category: str, *xs):
+    """The inputs as PyTorch's autocast runs an op: inside `tg.autocast(dtype)`, an op of category "half" (matmul,
+    linear, attention) takes its floating-point inputs in that dtype, one of category "float32" (softmax, norms,
+    cross-entropy) in float32; outside, as they are. Each cast of a tensor that requires grad is a Cast op, so its
+    gradient flows back in its own dtype (the float32 weight of an AMP run gets a float32 gradient)."""
+    half = state.local.autocast
+    if half is None:
+        return xs
+    dtype = half if category == "half" else np.dtype(np.float32)
+    return tuple(cast(x, dtype) if hasattr(x, "dtype") and kind(x.dtype) == "f" else x for x in xs)
 
 
 def cast(x, dtype):
@@ -128,7 +141,7 @@ def mul(a, b):
 def div(a, b):
     """a / b, true division: integers divide as floats (ints / 2 and ints / ints are float32, as in PyTorch)."""
     a, b = _pair("div", *(float(v) if isinstance(v, int) and not isinstance(v, bool) else v for v in (a, b)))
-    if a.dtype.kind != "f" and b.dtype.kind != "f":
+    if kind(a.dtype) != "f" and kind(b.dtype) != "f":
         a, b = _raw(a).astype(np.float32), _raw(b).astype(np.float32)
     return Div.apply(a, b)
 
@@ -157,7 +170,7 @@ def pow(x, exponent):
         exponent = exponent.item()
     if not isinstance(exponent, _NUMBERS):
         raise TypeError(f"pow: only a constant Python number exponent is supported, got {type(exponent).__name__}")
-    if isinstance(exponent, int) and exponent < 0 and x.dtype.kind in "biu":
+    if isinstance(exponent, int) and exponent < 0 and kind(x.dtype) in "biu":
         raise ValueError(f"pow: integers to negative integer powers are not allowed ({x.dtype} ** {exponent}), as in "
                          "PyTorch; use a float exponent or convert the tensor, x.to(np.float32)")
     return Pow.apply(_promoted(x, exponent)[0], exponent=exponent)
@@ -165,7 +178,7 @@ def pow(x, exponent):
 
 def _floating(x):
     """x, or an integer or bool tensor's data as float32 (PyTorch's exp, log and tanh of integers)."""
-    return x if x.dtype.kind == "f" else _raw(x).astype(np.float32)
+    return x if kind(x.dtype) == "f" else _raw(x).astype(np.float32)
 
 
 def exp(x):
@@ -184,8 +197,8 @@ def matmul(a, b):
     """a @ b; as in PyTorch and NumPy, a 1-d operand is a row on the left or a column on the right, and that axis is
     dropped from the result."""
     if isinstance(a, Tensor) and isinstance(b, Tensor) and a.data.ndim > 1 and b.data.ndim > 1:
-        return MatMul.apply(a, b)
-    a, b = _operand("matmul", a), _operand("matmul", b)
+        return MatMul.apply(*autocast_inputs("half", a, b))
+    a, b = autocast_inputs("half", _operand("matmul", a), _operand("matmul", b))
     if isinstance(a, _NUMBERS) or isinstance(b, _NUMBERS):
         raise TypeError(f"matmul: cannot multiply {a!r:.40} by {b!r:.40} with @: both must be tensors; use * for a "
                         "number")

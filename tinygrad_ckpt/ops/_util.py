@@ -7,6 +7,7 @@ import operator
 
 from .. import backend
 from ..backend import unbroadcast, xp  # noqa: F401  (unbroadcast: ops import it from here)
+from ..checks import kind
 
 
 def numel(shape) -> int:
@@ -82,6 +83,6 @@ def axes_of(op: str, axis, shape) -> tuple:
 def check_float(op: str, *arrays) -> None:
     """TypeError naming the op unless every array is floating point (PyTorch has no integer kernel for the op)."""
     for a in arrays:
-        if a.dtype.kind != "f":
+        if kind(a.dtype) != "f":
             raise TypeError(f"{op}: needs floating-point input, got dtype {a.dtype} (shape {list(a.shape)}), as in "
                             "PyTorch; convert first, e.g. tg.Tensor(x.numpy().astype(np.float32))")

@@ -7,6 +7,7 @@ What each saves is only what its derivative reads, and only for inputs that need
 from __future__ import annotations
 
 from ..backend import kernels, xp
+from ..checks import kind
 from ..function import Function
 from ._util import broadcast_shape, numel, unbroadcast
 
@@ -106,7 +107,7 @@ class Cast(Function):
     def forward(ctx, x, dtype):
         ctx.in_dtype = x.dtype
         out = x.astype(dtype)
-        if out.dtype.kind != "f":
+        if kind(out.dtype) != "f":
             ctx.mark_non_differentiable(0)
         return out
 

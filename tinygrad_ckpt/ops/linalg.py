@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import backend
 from ..function import Function
 from ._util import broadcast_shape, numel, unbroadcast
 
@@ -27,7 +28,7 @@ class MatMul(Function):
             ctx.save(a=a)
         work = 2 * numel(batch) * m * k * n
         ctx.flops = (work, work * sum(ctx.needs_input_grad))
-        return a @ b
+        return backend.current().matmul(a, b)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -66,7 +67,7 @@ class Linear(Function):
         rows, (n_out, n_in) = numel(x.shape[:-1]), weight.shape
         ctx.flops = (2 * rows * n_in * n_out + (rows * n_out if bias is not None else 0),
                      2 * rows * n_in * n_out * (ctx.needs_input_grad[0] + ctx.needs_input_grad[1]))
-        out = _rows(x) @ weight.T  # one [rows, in] @ [in, out] product, not one per leading index
+        out = backend.current().matmul(_rows(x), weight.T)  # one [rows, in] @ [in, out] product, not one per row
         if bias is not None:
             out += bias
         return out.reshape(*x.shape[:-1], n_out)

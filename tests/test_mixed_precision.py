@@ -1,0 +1,181 @@
+"""Mixed precision in the engine: bfloat16 (ml_dtypes) on NumPy and meta, `tg.autocast` with PyTorch's CUDA rules,
+optimizers with float32 master weights, and half-precision parameters updated in float32."""
+
+import numpy as np
+import pytest
+
+import tinygrad_ckpt as tg
+from tinygrad_ckpt import functional as F
+from tinygrad_ckpt import nn, optim
+from tinygrad_ckpt.checks import BFLOAT16
+
+
+def _gpt(dtype=np.float32, **kwargs):
+    tg.manual_seed(0)
+    return nn.GPT(32, 16, 2, 2, 16, **kwargs).to(dtype)
+
+
+IDX = np.random.default_rng(0).integers(0, 32, (2, 16))
+
+
+def _bf16_step():
+    model = _gpt(BFLOAT16, attention="chunked", dropout=0.1)
+    with tg.Ledger() as led:
+        _, loss = model(IDX, IDX)
+        loss.backward()
+    assert loss.dtype == BFLOAT16 and {p.grad.dtype for p in model.parameters()} == {BFLOAT16}
+    return led.peak_bytes(), led.peak_bytes("activation"), [(e.action, e.nbytes, e.category) for e in led.events]
+
+
+def test_a_bfloat16_gpt_trains_on_numpy_and_meta_with_equal_ledgers():
+    real = _bf16_step()
+    tg.use_backend("meta")
+    try:
+        assert _bf16_step() == real
+    finally:
+        tg.use_backend("numpy")
+
+
+def test_autocast_runs_matmuls_in_half_and_softmax_norms_and_the_loss_in_float32():
+    x = tg.Tensor(np.random.default_rng(1).standard_normal((2, 4, 8)).astype(np.float32), requires_grad=True)
+    w = tg.Parameter(np.random.default_rng(2).standard_normal((8, 8)).astype(np.float32), name="w")
+    ln_w, ln_b = tg.Parameter(np.ones(8, np.float32)), tg.Parameter(np.zeros(8, np.float32))
+    with tg.autocast("bfloat16"):
+        h = F.linear(x, w)
+        assert h.dtype == BFLOAT16 and (h @ w.swapaxes(0, 1)).dtype == BFLOAT16
+        assert F.softmax(h).dtype == np.float32 and F.log_softmax(h).dtype == np.float32
+        assert F.layer_norm(h, ln_w, ln_b).dtype == np.float32
+        assert F.gelu(h).dtype == BFLOAT16  # other ops: their input's dtype
+        loss = F.cross_entropy(h.reshape(8, 8), np.zeros(8, np.int64))
+        with tg.autocast(enabled=False):
+            assert F.linear(x, w).dtype == np.float32
+    assert loss.dtype == np.float32 and F.linear(x, w).dtype == np.float32  # outside: as before
+    casts = [e for e in loss.tape() if e.op == "cast"]
+    assert casts and all(not e.ctx.saved for e in casts)  # a cast saves nothing
+    linear = next(e for e in loss.tape() if e.op == "linear")
+    assert {a.dtype for a in linear.ctx.saved.values()} == {BFLOAT16}  # it keeps the half copies
+    loss.backward()
+    assert w.grad.dtype == np.float32 and x.grad.dtype == np.float32  # each gradient in its leaf's dtype
+
+
+def test_autocast_refuses_a_dtype_that_is_not_half():
+    with pytest.raises(ValueError, match=r"autocast: dtype must be 'bfloat16' or 'float16'.*got 'float32'"):
+        tg.autocast("float32")
+    with pytest.raises(TypeError, match="enabled"):
+        tg.autocast("bfloat16", enabled=1)
+
+
+def _torch_step(torch, model, idx, steps, lr=1e-2):
+    from tinygrad_ckpt.torch_bridge import TorchGPT
+
+    reference = TorchGPT.from_engine(model).train()
+    opt = torch.optim.AdamW(reference.parameters(), lr=lr)
+    ids = torch.tensor(idx)
+    losses, grads = [], None
+    for _ in range(steps):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            _, loss = reference(ids, ids)
+        loss.backward()
+        losses.append(loss.item())
+        grads = grads or {n: p.grad.detach().numpy().copy() for n, p in reference.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    return losses, grads  # the gradients of the first step
+
+
+def test_an_amp_run_matches_pytorch_cpu_autocast_within_bfloat16_tolerance():
+    """Five AdamW steps of the same GPT under autocast in both. PyTorch's CPU autocast runs softmax in bfloat16
+    where this engine (PyTorch's CUDA rules) runs it in float32: the difference is bfloat16's rounding."""
+    torch = pytest.importorskip("torch")
+    model = _gpt()
+    expected, torch_grads = _torch_step(torch, model, IDX, 5)
+    opt = optim.AdamW(model.parameters(), lr=1e-2)
+    losses, grads = [], None
+    for _ in range(5):
+        with tg.autocast("bfloat16"):
+            _, loss = model(IDX, IDX)
+        loss.backward()
+        losses.append(loss.item())
+        grads = grads or {n: p.grad.copy() for n, p in model.named_parameters()}
+        opt.step()
+        opt.zero_grad()
+    np.testing.assert_allclose(losses, expected, rtol=1e-2)
+    for name, g in grads.items():
+        scale = np.abs(torch_grads[name]).max()
+        assert np.abs(g - torch_grads[name]).max() <= 0.03 * scale, name
+
+
+def test_master_weights_keep_the_steps_a_half_weight_cannot_hold():
+    w = tg.Parameter(np.ones(4, BFLOAT16), name="w")
+    plain = tg.Parameter(np.ones(4, BFLOAT16), name="plain")
+    master, alone = optim.AdamW([w], lr=1e-3, master_weights=True), optim.AdamW([plain], lr=1e-3)
+    for _ in range(10):
+        w.grad, plain.grad = np.full(4, 0.1, BFLOAT16), np.full(4, 0.1, BFLOAT16)
+        master.step()
+        alone.step()
+    state = master.state[id(w)]
+    assert state["master"].dtype == np.float32 and state["m"].dtype == np.float32
+    np.testing.assert_allclose(state["master"], 1 - 10 * 1e-3 * (1 + 0.01 / 1) / 1.0, rtol=2e-3)  # ~0.99
+    np.testing.assert_array_equal(w.data, state["master"].astype(BFLOAT16))  # refreshed from the master
+    assert float(plain.data[0]) == 1.0  # each 1e-3 step is below bfloat16's spacing at 1 (2^-7): all lost
+
+
+def test_master_weights_are_named_in_the_ledger():
+    model = _gpt(BFLOAT16)
+    opt = optim.AdamW(model.parameters(), lr=1e-3, master_weights=True)
+    with tg.Ledger() as led:
+        model(IDX, IDX)[1].backward()
+        opt.step()
+    names = {e.name for e in led.events if e.category == "optimizer"}
+    assert "transformer.wte.weight:adamw.master" in names and "transformer.wte.weight:adamw.m" in names
+    master_bytes = sum(e.nbytes for e in led.events if e.category == "optimizer" and e.name.endswith(".master")
+                       and e.allocates)
+    assert master_bytes == 4 * model.num_parameters()
+
+
+@pytest.mark.parametrize("dtype", [np.float16, BFLOAT16])
+def test_adamw_on_half_parameters_updates_in_float32(dtype):
+    """eps = 1e-8 is 0 in float16: an update computed there divides by √v = 0 for a small gradient (v = g²
+    underflows). The states keep the parameter's dtype (PyTorch's), the update is computed in float32."""
+    w = tg.Parameter(np.ones(3, dtype), name="w")
+    opt = optim.AdamW([w], lr=1e-3, weight_decay=0.0)
+    w.grad = np.full(3, 1e-4, dtype)  # v = 1e-9 (then scaled): below float16's smallest step
+    opt.step()
+    np.testing.assert_allclose(w.data.astype(np.float32), 1 - 1e-3, rtol=2e-3)  # the whole step, not -inf or 0
+    assert {a.dtype for a in opt.state[id(w)].values()} == {np.dtype(dtype)}
+    fp16_math = np.float16(1e-4) * np.float16(1e-4)  # what the update would see computed in float16
+    assert fp16_math == 0 and np.float16(1e-8) == 0
+
+
+def test_master_weights_match_a_pytorch_reference():
+    """A bfloat16 model with float32 master weights, against the same recipe written in PyTorch (bf16 parameters, a
+    float32 copy stepped by torch.optim.AdamW and copied back)."""
+    torch = pytest.importorskip("torch")
+    from tinygrad_ckpt.torch_bridge import TorchGPT
+
+    model = _gpt()
+    reference = TorchGPT.from_engine(model)
+    model.to(BFLOAT16)
+    reference.to(torch.bfloat16)
+    masters = [p.detach().float().clone().requires_grad_() for p in reference.parameters()]
+    topt = torch.optim.AdamW(masters, lr=1e-2)
+    opt = optim.AdamW(model.parameters(), lr=1e-2, master_weights=True)
+    ids = torch.tensor(IDX)
+    ours, theirs = [], []
+    for _ in range(4):
+        _, loss = model(IDX, IDX)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        ours.append(float(loss.item()))
+        _, tloss = reference(ids, ids)
+        tloss.backward()
+        for m, p in zip(masters, reference.parameters()):
+            m.grad = p.grad.float()
+        topt.step()
+        with torch.no_grad():
+            for m, p in zip(masters, reference.parameters()):
+                p.copy_(m.bfloat16())
+                p.grad = None
+        theirs.append(tloss.item())
+    np.testing.assert_allclose(ours, theirs, rtol=2e-2)
