@@ -16,7 +16,7 @@ proportional to T²", and every nonlinear op keeps its own dependency. Measured 
 big and cheap to recompute, which are small and costly, and what a per-op policy buys.
 
 Read: tinygrad_ckpt/policies.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, KeepByPolicy
-and ServeKept, Kept), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
+and ServeKept, KeptOp), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
 tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms).
 
 Run: python lessons/07_selective_recomputation.py [--quick] [--out figures]

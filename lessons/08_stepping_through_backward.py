@@ -51,7 +51,7 @@ def replay_line() -> tuple[str, int]:
     lines, start = inspect.getsourcelines(Checkpoint.input_grads)
     path = inspect.getsourcefile(Checkpoint.input_grads)
     for i, line in enumerate(lines):
-        if "replay.run(" in line:
+        if "replay.rerun(" in line:
             return path, start + i + 1
     return path, start
 

@@ -218,7 +218,7 @@ def test_lesson8_plain_steps_only_free(lesson8):
 def test_lesson8_printed_breakpoint_is_after_the_replay(lesson8):
     path, line = lesson8["pdb_breakpoint"].rsplit(":", 1)
     source = pathlib.Path(path).read_text().splitlines()
-    assert "replay.run(" in source[int(line) - 2]  # pdb stops on the line after the replay
+    assert "replay.rerun(" in source[int(line) - 2]  # pdb stops on the line after the replay
 
 
 def test_lesson8_break_before_softmax_stops_twice(tmp_path, monkeypatch):

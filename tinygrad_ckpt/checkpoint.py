@@ -2,7 +2,7 @@
 
     y = tg.checkpoint(block, x)          # the same value as block(x)
 
-Forward: `fn` runs once under a `Segment` observer (observe.py): its ops compute as usual and their outputs
+Forward: `fn` runs once under a `SegmentForward` observer (observe.py): its ops compute as usual and their outputs
 still require grad, but no tape entry is made, so nothing they save is kept. The segment notes the RNG state
 before each op and the tensors from outside it that its ops read. Then one ordinary op is recorded,
 `Checkpoint`, whose inputs are fn's tensor arguments and the outside tensors that require grad (parameters,
@@ -34,11 +34,11 @@ from .observe import SegmentObserver
 from .planner import Plan, every_layer_plan, no_checkpoint_plan, plan_for, sequential_plan
 from .policies import KeepByPolicy, Policy, as_policy
 from .replay_check import CheckpointError, Observations
-from .tape import backward_steps, changed_error, edge_name, graph, key_of, run
+from .tape import backward_steps, changed_error, edge_name, graph, key_of, run_steps
 from .tensor import Tensor
 
 
-class Segment(SegmentObserver):
+class SegmentForward(SegmentObserver):
     """A segment's first forward: its ops record nothing; it notes, per op, the name and the RNG states before and
     after it, and every tensor made before the segment that an op read (or that the segment returns)."""
 
@@ -64,7 +64,7 @@ class Segment(SegmentObserver):
             self.ops[-1][3] = backend.get_rng_state()
 
 
-class Replaying(SegmentObserver):
+class SegmentReplay(SegmentObserver):
     """A replay: each op must be the one the forward ran at that point, and it runs with the forward's RNG states
     (an op served instead of run draws nothing, so the state after it is set too)."""
 
@@ -106,7 +106,7 @@ class Replay:
     arguments: tuple  # per tensor argument: (its key_of or None, requires grad, name)
     outside: tuple  # per outside tensor read: (weak reference, id of its buffer then)
     inputs: tuple  # key_of of the entry's inputs past the arguments: outside tensors that require grad
-    segment: Segment
+    segment: SegmentForward
     rng: bool
     prefix: str
     features: list
@@ -129,14 +129,14 @@ class Replay:
                 change = change or (state.next_sequence(), "new", tensor.name or "tensor")
                 raise RuntimeError(changed_error(f"{self.name}.checkpoint", "checkpoint", "read", tensor.data, change))
 
-    def run(self, saved: dict):
+    def rerun(self, saved: dict):
         """Replay the segment on fresh leaves holding the saved arguments; returns (leaves, outputs, the sequence
         number before the replay's first entry)."""
         leaves = [Tensor._from_op(saved[f"input{i}"], rg, None, 0) for i, (_, rg, _) in enumerate(self.arguments)]
         for leaf, (_, _, name) in zip(leaves, self.arguments):
             leaf.name = name
-        args, kwargs = _tree_map(lambda slot: leaves[slot.position], self.structure, _Slot)
-        watching = [f.replay(saved) for f in self.features] + [Replaying(self.segment.ops, self.rng)]
+        args, kwargs = _tree_map(lambda slot: leaves[slot.position], self.structure, _Argument)
+        watching = [f.replay(saved) for f in self.features] + [SegmentReplay(self.segment.ops, self.rng)]
         outer_rng, start = backend.get_rng_state(), state.next_sequence()
         try:
             if self.rng:
@@ -173,7 +173,7 @@ class Checkpoint(Function):
     def input_grads(cls, ctx, grad_outs: list) -> tuple:
         replay = ctx.replay
         replay.check_versions()
-        leaves, outputs, start = replay.run(ctx.saved)
+        leaves, outputs, start = replay.rerun(ctx.saved)
         if len(outputs) != len(grad_outs):
             raise CheckpointError(f"the replay of a checkpointed segment returned {len(outputs)} tensors, "
                                   f"its forward {len(grad_outs)}")
@@ -203,7 +203,7 @@ class Checkpoint(Function):
                 "forward did not read. The segment must read the same tensors each time it runs."
             )
         del outputs  # the replayed outputs' data can go once their entries no longer need it
-        captured = run(backward_steps(roots, seeds, capture=set(positions)))  # leaves stay alive till here
+        captured = run_steps(backward_steps(roots, seeds, capture=set(positions)))  # leaves stay alive till here
         for key, i in positions.items():
             g = captured.get(key)
             if g is not None:
@@ -217,7 +217,7 @@ def _alive(key) -> bool:
 
 
 @dataclass(frozen=True)
-class _Slot:
+class _Argument:
     """Stands for the n-th tensor argument in the structure a checkpoint entry keeps (no Tensor held)."""
 
     position: int
@@ -270,9 +270,9 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     if not st.grad_enabled:
         return fn(*args, **kwargs)
     tensors: list[Tensor] = []
-    structure = _tree_map(lambda t: tensors.append(t) or _Slot(len(tensors) - 1), (args, kwargs))
+    structure = _tree_map(lambda t: tensors.append(t) or _Argument(len(tensors) - 1), (args, kwargs))
     held = name or getattr(fn, "_name", "") or getattr(fn, "__name__", "").strip("<>")
-    segment = Segment()
+    segment = SegmentForward()
     keep = KeepByPolicy(policy) if policy is not None else None
     check = Observations(determinism_check == "values", segment.start) if determinism_check != "none" else None
     features = [f for f in (keep, Flows() if early_stop else None, check) if f is not None]
@@ -298,11 +298,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
                           if id(t) not in explicit),
                     tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held)
     segment.outside = {}  # the entry's edges reach them now; the segment must not hold their data
-    kept = keep.finish_forward() if keep is not None else {}
+    kept = keep.arrays_to_keep() if keep is not None else {}
     with state.name_scope(held):
         results = Checkpoint.apply(*tensors, *inputs, replay=replay, outputs=outputs, kept=kept)
     if keep is not None:
-        keep.hand_over()
+        keep.let_go()
     results = iter(results if isinstance(results, tuple) else (results,))
     return _tree_map(lambda t: next(results), out)
 

@@ -93,11 +93,11 @@ class StopEarly(SegmentObserver):
             return
         self.index += 1
         flow = self.served.get(self.index)
-        if flow is None or call.served is not None:
+        if flow is None or call.given is not None:
             return
         zeros = backend.zeros_view
         outs = tuple(zeros(*meta) for meta in flow.outputs)
-        call.served, call.served_by = (outs if flow.was_tuple else outs[0]), self
+        call.given, call.given_by = (outs if flow.was_tuple else outs[0]), self
         call.ctx.set_attributes(flow.attributes)
         call.ctx.flops = (0, call.ctx.flops[1])
         if call.ctx.saving:

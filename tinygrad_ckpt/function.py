@@ -65,10 +65,10 @@ _CORE = ("needs_input_grad", "in_shapes", "saving", "saved")
 class OpCall:
     """One op being applied, as observers see it: the Function, its kind and scoped name, the inputs (Tensors and
     constants) and their arrays, its keyword parameters and Context; `record` (make a tape entry, when a
-    gradient can flow) and `served` (outputs an observer hands back instead of running forward, and
-    `served_by`, that observer), which observers may change in on_op_start; `entry` once recorded."""
+    gradient can flow) and `given` (outputs an observer gives instead of running forward, and `given_by`, that
+    observer), which observers may change in on_op_start; `entry` once recorded."""
 
-    __slots__ = ("fn", "kind", "name", "inputs", "arrays", "params", "ctx", "record", "served", "served_by", "entry")
+    __slots__ = ("fn", "kind", "name", "inputs", "arrays", "params", "ctx", "record", "given", "given_by", "entry")
 
     def __init__(self, fn, inputs: tuple, params: dict):
         st = state.local
@@ -79,7 +79,7 @@ class OpCall:
         needs = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
         self.record = any(needs)
         self.ctx = Context(needs, tuple(getattr(a, "shape", None) for a in self.arrays), self.record)
-        self.served = self.served_by = self.entry = None
+        self.given = self.given_by = self.entry = None
 
     @property
     def scope(self) -> str:
@@ -120,8 +120,8 @@ class Function:
         call = OpCall(cls, inputs, params)
         observers = state.local.observers
         for o in reversed(observers):
-            o.on_op_start(call)  # an observer may stop it recording, or serve it (a checkpoint's replay)
-        out = cls.forward(call.ctx, *call.arrays, **params) if call.served is None else call.served
+            o.on_op_start(call)  # an observer may stop it recording, or give its outputs (a checkpoint's replay)
+        out = cls.forward(call.ctx, *call.arrays, **params) if call.given is None else call.given
         outputs = _wrap(call, out)
         for o in reversed(observers):
             o.on_op(call, outputs)  # may raise OutOfMemoryError: the entry then dies

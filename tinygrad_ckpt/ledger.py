@@ -367,7 +367,7 @@ class Ledger(Observer):
         for out in outputs if isinstance(outputs, tuple) else (outputs,):
             self.track(getattr(out, "data", out), "other", name)
         if call.entry is not None:
-            self._save(name, ctx.saved, action="restored" if getattr(call.served_by, "restores", False) else "saved")
+            self._save(name, ctx.saved, action="restored" if getattr(call.given_by, "restores", False) else "saved")
         self._record_op(kind, name, phase, ctx.flops[0], transient)
 
     def on_backward(self, entry) -> None:

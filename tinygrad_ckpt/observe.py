@@ -9,9 +9,9 @@ nothing else for them:
                                           ("gradient"), an optimizer state ("optimizer")
     on_op_start(call)                     an op is about to run; `call` (function.OpCall) says which, on
                                           what, under which name. An observer may set `call.record =
-                                          False` (no tape entry: a segment's first forward) or
-                                          `call.served = outputs`, with `call.ctx.saved`, to serve the op
-                                          instead of running it (a checkpoint's replay)
+                                          False` (no tape entry: a segment's first forward) or give the op's
+                                          outputs (`call.given`, and `call.given_by` = itself, with
+                                          `call.ctx.saved`) instead of running it (a checkpoint's replay)
     on_op(call, outputs)                  its forward ran: `call.entry` is its tape entry (None when not
                                           recorded), `call.ctx.saved` what it keeps for backward (if
                                           recorded), `call.ctx.flops` its cost; may raise (a capacity exceeded)

@@ -164,7 +164,7 @@ def as_policy(policy) -> Policy | None:
 
 # ---- the feature: keep in the forward, serve in the replay -----------------------------------------------
 @dataclass
-class Kept:
+class KeptOp:
     """An op the policy kept: its name and kind (how the ledger names what it holds), why, and how to serve it
     in the replay: per output a key into the kept arrays (or a stand-in, for an output no recomputed op reads),
     per save a key or ("input", j) for the op's j-th input, and the plain values its Context held."""
@@ -181,12 +181,12 @@ class Kept:
 
 class KeepByPolicy(SegmentObserver):
     """The segment's forward under a policy: each op the policy saves is kept (and reported to the observers as
-    saved, by a `Kept` holder); after the forward, outputs that no recomputed op reads are let go."""
+    saved, by a `KeptOp` holder); after the forward, outputs that no recomputed op reads are let go."""
 
     def __init__(self, policy: Policy):
         super().__init__()
         self.policy = policy
-        self.kept: dict[int, Kept] = {}  # op index -> how to serve it
+        self.kept: dict[int, KeptOp] = {}  # op index -> how to serve it
         self.arrays: dict[str, object] = {}  # key -> kept array
         self.outputs: dict[int, str] = {}  # id(kept output) -> its key (held in `arrays`: the id stays its own)
         self.read: set[str] = set()  # keys of kept outputs that the replay reads (recomputed ops, kept saves)
@@ -218,7 +218,7 @@ class KeepByPolicy(SegmentObserver):
             keys.append(f"kept{self.index}.out{i}")
             arrays[keys[-1]] = getattr(o, "data", o)
             self.outputs[id(arrays[keys[-1]])] = keys[-1]
-        self.kept[self.index] = Kept(self.index, call.kind, call.name, decision.reason, keys, saves,
+        self.kept[self.index] = KeptOp(self.index, call.kind, call.name, decision.reason, keys, saves,
                                      isinstance(outputs, tuple), ctx.attributes())
         self.arrays.update(arrays)
         observe.saved(self.kept[self.index], arrays)
@@ -226,7 +226,7 @@ class KeepByPolicy(SegmentObserver):
     def _reads(self, arrays) -> None:
         self.read.update(self.outputs[id(a)] for a in arrays if id(a) in self.outputs)
 
-    def finish_forward(self) -> dict:
+    def arrays_to_keep(self) -> dict:
         """The arrays the checkpoint entry must save: kept saves, and kept outputs a recomputed op reads (the others
         become stand-ins; the observers hear they are let go)."""
         for kept in self.kept.values():
@@ -248,7 +248,7 @@ class KeepByPolicy(SegmentObserver):
             found.update({k: (kept, f"out{i}") for i, k in enumerate(kept.outputs) if isinstance(k, str)})
         return found
 
-    def hand_over(self) -> None:
+    def let_go(self) -> None:
         """The checkpoint entry holds the kept arrays now: this feature no longer does."""
         for kept in self.kept.values():
             observe.released(kept, {k: self.arrays[k] for k in [*kept.saves.values(), *kept.outputs]
@@ -274,11 +274,11 @@ class ServeKept(SegmentObserver):
             return
         self.index += 1
         kept = self.kept.get(self.index)
-        if kept is None or call.served is not None:
+        if kept is None or call.given is not None:
             return
         zeros = backend.zeros_view
         outs = tuple(self.saved[k] if isinstance(k, str) else zeros(*k) for k in kept.outputs)
-        call.served, call.served_by = (outs if kept.was_tuple else outs[0]), self
+        call.given, call.given_by = (outs if kept.was_tuple else outs[0]), self
         call.ctx.set_attributes(kept.attributes)
         call.ctx.flops = (0, call.ctx.flops[1])
         if call.ctx.saving:

@@ -88,7 +88,7 @@ class Observations(SegmentObserver):
         saves = tuple((k, tuple(a.shape), a.dtype, self.full(a) if values and id(a) not in older else None)
                       for k, a in saved.items() if is_array(a))
         outs = None
-        if call.served is None:
+        if call.given is None:
             kept = {id(a) for a in saved.values()}
             outs = tuple((i, tuple(o.shape), o.dtype, self.sample(o) if values else None)
                          for i, o in enumerate(getattr(o, "data", o) for o in _tuple(outputs))

@@ -237,7 +237,7 @@ def checked_gradients(entry, grad_ins) -> tuple:
     return tuple(out)
 
 
-def run(steps):
+def run_steps(steps):
     """Drive a `backward_steps` generator to its end and return its value."""
     while True:
         try:

@@ -22,7 +22,7 @@ import numpy as np
 
 from . import backend, observe, state
 from .checks import kind
-from .tape import Tape, backward_steps, graph, run
+from .tape import Tape, backward_steps, graph, run_steps
 
 
 def _as_array(data, dtype):
@@ -100,7 +100,7 @@ class Tensor:
 
         Each entry's saves are released once its backward ran: a second backward through them raises
         unless the first passed retain_graph=True."""
-        run(self.backward_steps(grad, retain_graph))
+        run_steps(self.backward_steps(grad, retain_graph))
 
     def backward_steps(self, grad=None, retain_graph: bool = False):
         """The backward pass as a generator: yields each tape entry just before its backward runs."""
