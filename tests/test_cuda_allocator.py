@@ -51,6 +51,7 @@ def test_requests_round_up_to_512_bytes(nbytes, rounded):
 
 def test_power_of_two_divisions_round_to_the_next_step():
     four = Settings(roundup_power2_divisions=4)
+    assert four == Settings(roundup_power2_divisions=(4,) * 16) and hash(four)
     assert round_size(1200, four) == 1536  # 1200 <= 512 * 4: plain 512-byte rounding
     assert round_size(5000, four) == 5120  # 4096..8192 in steps of 1024
     assert round_size(3 * MiB + 1, four) == 3 * MiB + 512 * KiB  # 2..4 MiB in steps of 512 KiB
@@ -58,7 +59,7 @@ def test_power_of_two_divisions_round_to_the_next_step():
     assert round_size(5000) == 5120 and round_size(3 * MiB + 1) == 3 * MiB + 512  # off by default
     # the list form: the first key also covers the intervals below it, ">" every interval after the last key
     mixed = Settings.parse("roundup_power2_divisions:[1:2,64:8,>:4]")
-    assert mixed.divisions == (2, 0, 0, 0, 0, 0, 8) + (4,) * 9
+    assert mixed.roundup_power2_divisions == (2, 0, 0, 0, 0, 0, 8) + (4,) * 9
     assert round_size(3 * MiB + 1, mixed) == 3 * MiB + 512  # the 2-4 MiB interval has 0: off
     assert round_size(65 * MiB, mixed) == 72 * MiB  # 64..128 MiB in 8 steps of 8 MiB
 

@@ -71,16 +71,15 @@ class Settings:
 
     max_split_size: int | None = None
     max_non_split_rounding: int = LARGE_BUFFER
-    roundup_power2_divisions: object = 0
+    roundup_power2_divisions: object = 0  # kept as the 16 per-interval values
     expandable_segments: bool = False
-    divisions: tuple = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name, floor in (("max_split_size", LARGE_BUFFER), ("max_non_split_rounding", LARGE_BUFFER)):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < floor):
                 raise ValueError(f"{name} must be at least {format_bytes(floor)} (PyTorch refuses less), got {value!r}")
-        object.__setattr__(self, "divisions", _divisions(self.roundup_power2_divisions))
+        object.__setattr__(self, "roundup_power2_divisions", _divisions(self.roundup_power2_divisions))
 
     @classmethod
     def parse(cls, conf: str) -> Settings:
@@ -138,11 +137,12 @@ DEFAULT = Settings()
 
 def round_size(nbytes: int, settings: Settings = DEFAULT) -> int:
     """What a request of `nbytes` occupies (round_size): at least 512 B, then a multiple of 512 B; with
-    roundup_power2_divisions n for its interval (and nbytes > 512·n), the next of n equal steps between
-    two powers of two (roundup_power2_next_division: 1200 B with n = 4 -> 1280 B; 5000 B -> 5120 B)."""
+    roundup_power2_divisions n for its interval and nbytes > 512·n, the next of n equal steps between two
+    powers of two instead (roundup_power2_next_division): with n = 4, 5000 B -> 5120 B (steps of 1024 B
+    between 4096 and 8192), while 1200 B <= 512·4 keeps the plain rounding, 1536 B."""
     if nbytes < MIN_BLOCK_SIZE:
         return MIN_BLOCK_SIZE
-    n = settings.divisions[min(max(nbytes.bit_length() - 1 - 20, 0), POWER2_INTERVALS - 1)]
+    n = settings.roundup_power2_divisions[min(max(nbytes.bit_length() - 1 - 20, 0), POWER2_INTERVALS - 1)]
     if n > 1 and nbytes > MIN_BLOCK_SIZE * n:
         if nbytes & (nbytes - 1) == 0:
             return nbytes
@@ -295,8 +295,9 @@ class CachingAllocator:
     def malloc(self, nbytes: int, stream: int = 0) -> Block:
         """A block for `nbytes` (DeviceCachingAllocator::malloc): the best cached fit, else a new segment,
         else (out of device memory) free cached segments and retry; split off what the request leaves."""
-        if not isinstance(nbytes, int) or nbytes <= 0:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
             raise ValueError(f"malloc takes a positive byte count (PyTorch allocates nothing for 0 B), got {nbytes!r}")
+        nbytes = int(nbytes)
         size = round_size(nbytes, self.settings)
         pool = self.small if size <= SMALL_SIZE else self.large
         block = self._get_free_block(pool, size, stream)
@@ -311,7 +312,8 @@ class CachingAllocator:
                 block = self._alloc_block(pool, size, alloc_size, stream)
             if block is None:
                 self.num_ooms += 1
-                self._record("oom", 0, size, stream)
+                free = 0 if self.capacity is None else self.capacity - self.reserved
+                self._record("oom", free, size, stream)  # TraceEntry::OOM carries the device's free bytes
                 raise AllocatorOutOfMemory(nbytes, alloc_size, self.allocated, self.reserved, self.capacity)
         if self._should_split(block, size):
             block = self._split(block, size, pool)
