@@ -12,6 +12,7 @@ PACKAGE = pathlib.Path(tinygrad_ckpt.__file__).parent
 # bottom to top; a module may import modules of lower layers, and inside the circle, each other
 LAYERS = [
     {"units", "palette", "checks"},  # import nothing (checks: a caller's arguments)
+    {"cuda_allocator", "devices"},  # PyTorch's CUDA caching allocator, simulated; the GPUs' memory (units only)
     {"state", "planner", "estimate"},  # per-thread state; pure formulas and plans
     {"backend"},  # numpy, cupy, meta: the only code that knows an array library
     {"observe"},  # the observers: how tools watch the engine
