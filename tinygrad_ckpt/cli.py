@@ -107,9 +107,9 @@ class Measurement:
     @property
     def per_layer_saved(self) -> int:
         """Bytes saved for backward per block (mean over the blocks transformer.h.0 .. ; recomputed saves included)."""
-        by_block = {k: v for k, v in self.ledger.saved_breakdown(by="layer").items()
-                    if re.fullmatch(r"transformer\.h\.\d+", k)}
-        return round(statistics.mean(by_block.values())) if by_block else 0
+        by_layer = self.ledger.saved_breakdown(by="layer")
+        by_block = [by_layer[k] for k in (f"transformer.h.{i}" for i in range(self.shape.n_layer)) if k in by_layer]
+        return round(statistics.mean(by_block)) if by_block else 0
 
 
 def measure(shape: est.GPTShape, optimizer: str = "adamw", checkpoint="none") -> Measurement:
@@ -232,7 +232,7 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
         lines.append(_row(label, _b(led.peak_bytes(cat)), _b(view[cat]) if par.zero else ""))
     lines.append(_row("total peak", _b(led.peak_bytes()), _b(view["peak"]) if par.zero else ""))
     if checkpoint == "every_layer":
-        block0 = saved_after_forward(led, "transformer.h.0.")
+        block0 = saved_after_forward(led, "transformer.h.0")
         kept = sum(e.nbytes for e in block0.values()) // min(p, par.microbatches)
         full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
         lines += ["", "activations of one layer under full recompute (held when backward starts):",
@@ -244,8 +244,8 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
         lines += ["", *korthikanti_comparison(led, shape, par, checkpoint == "selective")]
     if p > 1:
         n = min(p, par.microbatches)
-        per_layer = sum(e.nbytes for e in saved_after_forward(led, "transformer.h.0.").values()) // n
-        blocks = sum(e.nbytes for e in saved_after_forward(led, "transformer.h.").values())
+        per_layer = sum(e.nbytes for e in saved_after_forward(led, "transformer.h.0").values()) // n
+        blocks = sum(e.nbytes for e in saved_after_forward(led, "transformer.h").values())
         lines += ["", f"pipeline (1F1B): the first stage holds {n} microbatches in flight when its first backward "
                       f"starts: its blocks keep {format_bytes(blocks)} = {n} × {L // p} layers × "
                       f"{format_bytes(blocks / (n * (L // p)))} (one layer, one microbatch: "
@@ -277,17 +277,16 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -
     s, b, h, a, v = shape.seq_len, shape.batch // par.microbatches, shape.d_model, shape.n_head, shape.value_bytes
     t, sp = par.tensor, par.sequence
     in_flight = min(par.pipeline, par.microbatches)
-    saves = saved_after_forward(led, "transformer.h.0.")
+    saves = saved_after_forward(led, "transformer.h.0")
     measured = sum(e.nbytes for e in saves.values()) // in_flight
     terms = est.korthikanti_parallel_terms(s, b, h, a, t, sp, selective, bytes_per_value=v)
     text = ("34·sbh/t" if sp else "sbh(10+24/t)") if selective else \
         ("(sbh/t)(34+5as/h)" if sp else "sbh(10+24/t+5as/(ht))")
 
     def measured_by(op: str) -> int:
-        """Bytes the ops of this kind keep for their own backward ("…h.0.ln_1.layer_norm:rstd"; not the outputs a
-        selective policy kept, "...[kept: ...]:kept0.out0", which stand for the next op's input)."""
-        return sum(e.nbytes for e in saves.values() if e.name.split(":")[0].split("[")[0].rsplit(".", 1)[-1] == op
-                   and not re.fullmatch(r"kept\d+\.out\d+", e.name.rsplit(":", 1)[-1])) // in_flight
+        """Bytes the ops of this kind keep for their own backward (a layer norm's rstd; not the outputs a selective
+        policy kept, which stand for the next op's input)."""
+        return sum(e.nbytes for e in saves.values() if e.op == op and not (e.kept and e.role == "output")) // in_flight
 
     masks = sum(n for k, n in terms.items() if k.endswith("dropout_mask"))
     explained = [("layer norms", measured_by("layer_norm") - terms["layernorms"],
@@ -300,7 +299,7 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool) -
         explained.append(("no attention dropout output", -terms.get("attn.softmax_dropout_output", 0),
                           "dropout is 0: A·V reads the softmax output itself"))
     if selective and not sp:
-        kept_input = sum(e.nbytes for e in saves.values() if e.name.endswith("checkpoint:input0")) // in_flight
+        kept_input = sum(e.nbytes for e in saves.values() if e.op == "checkpoint" and e.role == "input0") // in_flight
         explained.append(("block input vs c_proj input", kept_input - terms["attn.proj_input"],
                           "the checkpoint keeps the block input whole; the replay rebuilds c_proj's input (÷t)"))
     k22 = sum(terms.values())
