@@ -27,7 +27,7 @@ LAYERS = [
     {"exports"},  # what Ledger.to_* write: Chrome trace, CSV, JSONL, memory_viz, the explorer page
     {"ledger"},  # an observer
     {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
-    {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
+    {"tapeview", "report"},  # tape entries as a table and a drawing (draws with plots); what `estimate` prints
     {"figures"},
     {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings
     {"cli"},
