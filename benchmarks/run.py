@@ -309,7 +309,7 @@ def environment(args) -> dict:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                    cpu = line.split(":", 1)[1].strip()  # /proc/cpuinfo, not an event name
                     break
     except OSError:
         pass
