@@ -20,7 +20,7 @@ to, and the reason a checkpoint's policy kept it. `name` is for display only; no
 
 The ledger also counts FLOPs per phase ("forward", "backward", "recompute", "optimizer"), records
 one op slice per op for the Chrome trace, and can enforce a capacity like a GPU that cannot grow.
-Events are stored as columns (events.py, about 60 bytes an event); `Ledger(keep_iterations=N)` keeps
+Events are stored as columns (events.py, about 50 bytes an event); `Ledger(keep_iterations=N)` keeps
 the events of the last N training iterations only, and a summary of each older one.
 A ledger is an observer (observe.py): entering it adds it to the observers of the thread that
 entered it, and it records what that thread's engine does; other threads are not observed.
@@ -346,16 +346,20 @@ class Ledger(Observer):
         if buf.life >= 0:
             self._lives.released[buf.life] = self.step
 
+    def _saved_origin(self, a, key: str, name: str, op: str, scope: str, kept: str, role_of) -> int:
+        """The origin of array `key` kept for backward by op `name` (see _holder), named "op:key", or
+        "op[kept: why]:key" for what a policy kept."""
+        label = f"{name}[kept: {kept}]:{key}" if kept else f"{name}:{key}"
+        return self._origin(a, name, label, op, scope, role_of(key) if role_of else key, "", kept)
+
     def _save(self, name: str, op: str, scope: str, kept: str, role_of, saved: dict, action: int = SAVED) -> None:
-        """Op `name` (a tape entry, or what a policy kept: `kept` its reason, `role_of` its arrays' roles) holds
-        these arrays for backward from now."""
+        """Op `name` (a tape entry, or what a policy kept: see _holder) holds these arrays for backward from now."""
         if action == SAVED and self._phase == RECOMPUTE:
             action = RECOMPUTED
-        label = f"{name}[kept: {kept}]" if kept else name
         for key, a in saved.items():
             if not backend.current().is_array(a):
                 continue
-            origin = self._origin(a, name, f"{label}:{key}", op, scope, role_of(key) if role_of else key, "", kept)
+            origin = self._saved_origin(a, key, name, op, scope, kept, role_of)
             buf = self._track(a, ACTIVATION, origin, EXISTING if action == EXISTING else ALLOCATED)
             buf.saves += 1
             old = self._move(buf, self._category_of(buf))
@@ -365,13 +369,11 @@ class Ledger(Observer):
 
     def on_save(self, holder, saved: dict) -> None:
         """`holder` (a tape entry, or what a checkpoint's policy kept) now holds these arrays for backward."""
-        kept = _kept(holder)
-        self._save(holder.name, holder.op, holder.scope, kept, holder.role if kept else None, saved)
+        self._save(*_holder(holder), saved)
 
     def on_release(self, holder, saved: dict) -> None:
         """The tape let go of these arrays (the entry's backward ran, or the tape was dropped)."""
-        kept = _kept(holder)
-        label = f"{holder.name}[kept: {kept}]" if kept else holder.name
+        fields = _holder(holder)
         be = backend.current()
         for key, a in saved.items():
             if not be.is_array(a):
@@ -381,9 +383,7 @@ class Ledger(Observer):
                 continue
             buf.saves -= 1
             old = self._move(buf, self._category_of(buf))
-            origin = self._origin(a, holder.name, f"{label}:{key}", holder.op, holder.scope,
-                                  holder.role(key) if kept else key, "", kept)
-            self._emit(UNSAVED, buf.nbytes, buf.category, origin, buf.id, old)
+            self._emit(UNSAVED, buf.nbytes, buf.category, self._saved_origin(a, key, *fields), buf.id, old)
 
     # ---- the observer callbacks (observe.py) ------------------------------------------------------
     def on_alloc(self, array, category: str, tensor: str, role: str = "", op: str = "") -> None:
@@ -713,10 +713,13 @@ def _subclasses(cls) -> list:
     return [cls, *(k for sub in cls.__subclasses__() for k in _subclasses(sub))]
 
 
-def _kept(holder) -> str:
-    """Why a checkpoint's policy kept what `holder` holds (a policies.Kept has a reason); "" for a tape entry."""
+def _holder(holder) -> tuple:
+    """(name, op, scope, kept, role_of) of what holds saves: a tape entry, whose keys are the roles (kept "",
+    role_of None), or what a checkpoint's policy kept (a policies.Kept: kept is its reason, role_of its role())."""
     reason = getattr(holder, "reason", None)
-    return "" if reason is None else reason or "kept by the policy"
+    if reason is None:
+        return holder.name, holder.op, holder.scope, "", None
+    return holder.name, holder.op, holder.scope, reason or "kept by the policy", holder.role
 
 
 @functools.cache
