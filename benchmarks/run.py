@@ -13,6 +13,7 @@ Measured side by side, in one process, with every library pinned to the same num
   4. scaling in layers, T and d, with fitted exponents;
   5. attention: bytes per layer of our explicit and chunked attention against PyTorch eager and SDPA,
      and step time as T grows to 4096;
+  6. the ledger's cost: a step under a Ledger against the plain step, interleaved, and its bytes per event;
   plus the fast float32 erf against SciPy's, and a profile of our step with changes measured but not applied.
 
 Threads: `--threads 1,2` measures every step at each count, interleaved in the same rounds (BLAS through
@@ -43,7 +44,8 @@ def parse_args(argv=None):
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="wall: perf_counter; cpu: process CPU time (all threads summed: meaningful with --threads 1 "
                     "on a machine shared with other work)")
-    ap.add_argument("--only", default="", help="comma-separated sections: erf,main,ckpt,scaling,attention,profile")
+    ap.add_argument("--only", default="", help="comma-separated sections: erf,main,ckpt,scaling,attention,ledger,"
+                    "profile")
     args = ap.parse_args(argv)
     try:
         args.thread_counts = [int(t) for t in str(args.threads).split(",")]
@@ -134,6 +136,7 @@ def config(quick: bool) -> dict:
             scale_d=dict(B=2, T=32, L=1, values=[32, 64]),
             erf_n=1 << 18, profile=dict(shape=(2, 64, 128, 4), layers=1), fix_shape=(2, 64, 128, 4),
             attention=dict(byte_shapes=[(2, 64, 128, 4)], T=dict(B=1, d=64, H=4, values=[32, 64, 128])),
+            ledger=dict(shapes=[(2, 64, 128, 4)], layers=2, steps=3, rounds=2, bytes_steps=5),
         )
     return dict(
         shapes=[(4, 128, 256, 4), (8, 256, 256, 8), (4, 512, 512, 8)], layers=[1, 4, 12], rounds=3,
@@ -145,6 +148,8 @@ def config(quick: bool) -> dict:
         erf_n=1 << 22, profile=dict(shape=(8, 256, 256, 8), layers=2), fix_shape=(8, 256, 256, 8),
         attention=dict(byte_shapes=[(4, 128, 256, 4), (8, 256, 256, 8), (4, 512, 512, 8), (4, 1024, 256, 4)],
                        T=dict(B=1, d=256, H=4, values=[256, 512, 1024, 2048, 4096])),
+        ledger=dict(shapes=[(4, 128, 256, 4), (8, 256, 256, 8), (4, 512, 512, 8)], layers=4, steps=3, rounds=5,
+                    bytes_steps=50),
     )
 
 
@@ -309,7 +314,7 @@ def environment(args) -> dict:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
+                    cpu = line.split(":", 1)[1].strip()  # /proc/cpuinfo, not an event name
                     break
     except OSError:
         pass
@@ -580,6 +585,98 @@ def torch_matmul_flops(st) -> dict:
             st.torch_step("math", plan)
         out[plan or "none"] = fc.get_total_flops()
     return out
+
+
+def bench_ledger(cfg, args) -> dict:
+    """A step under a Ledger against the plain step, interleaved in every round at every thread count: "steady",
+    steps inside a ledger kept open across them (as a long run records, keep_iterations=2), and "fresh", a new
+    Ledger entered and left around each step (entering collects garbage and scans the heap once). Medians of the
+    timed steps; then the Python heap per event (tracemalloc over `bytes_steps` steps under one ledger)."""
+    import tracemalloc
+
+    c = cfg["ledger"]
+    rounds = c["rounds"] if args.rounds is None else args.rounds
+    out = dict(layers=c["layers"], rounds=rounds, steps=c["steps"], rows=[])
+    for (B, T, d, H) in c["shapes"]:
+        st = Stack(B, T, d, H, c["layers"], torch_attention=())
+        times = defaultdict(list)
+        enter = []
+        for _ in range(rounds):
+            for n in args.thread_counts:
+                pin_threads(n)
+                gc.collect()
+                st.ours_step()  # warm (and the BLAS workers of the last block awake)
+                for _ in range(c["steps"]):
+                    t0 = CLOCK()
+                    st.ours_step()
+                    times["plain", n].append(CLOCK() - t0)
+                with tg.Ledger(keep_iterations=2) as led:
+                    st.ours_step()
+                    for _ in range(c["steps"]):
+                        t0 = CLOCK()
+                        st.ours_step()
+                        times["steady", n].append(CLOCK() - t0)
+                for _ in range(c["steps"]):
+                    t0 = CLOCK()
+                    fresh = tg.Ledger()
+                    with fresh:
+                        t1 = CLOCK()
+                        st.ours_step()
+                    times["fresh", n].append(CLOCK() - t0)
+                    enter.append(t1 - t0)
+        med = {key: statistics.median(ts) for key, ts in times.items()}
+        row = dict(shape=(B, T, d, H), enter=statistics.median(enter), events=led.iterations()[-1].events,
+                   objects=len(gc.get_objects()),
+                   ratio={n: dict(steady=med["steady", n] / med["plain", n], fresh=med["fresh", n] / med["plain", n],
+                                  plain=med["plain", n]) for n in args.thread_counts})
+        out["rows"].append(row)
+        print(f"  ledger {(B, T, d, H)}: " + ", ".join(
+            f"{n} thread(s) plain {r['plain'] * 1e3:.1f} ms, steady x{r['steady']:.3f}, fresh x{r['fresh']:.3f}"
+            for n, r in row["ratio"].items()) + f"; entering {row['enter'] * 1e3:.1f} ms", flush=True)
+        del st, led, fresh
+        gc.collect()
+    B, T, d, H = c["shapes"][0]
+    st = Stack(B, T, d, H, c["layers"], torch_attention=())
+    st.ours_step()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with tg.Ledger() as led:
+            st.ours_step()
+            gc.collect()
+            heap, events = tracemalloc.get_traced_memory()[0], len(led.events)
+            for _ in range(c["bytes_steps"]):
+                st.ours_step()
+            gc.collect()
+            out["bytes_per_event"] = (tracemalloc.get_traced_memory()[0] - heap) / (len(led.events) - events)
+            out["bytes_events"] = len(led.events) - events
+    finally:
+        tracemalloc.stop()
+    out["bytes_shape"] = (B, T, d, H)
+    print(f"  ledger: {out['bytes_per_event']:.1f} B of Python heap per event over {c['bytes_steps']} steps",
+          flush=True)
+    return out
+
+
+def ledger_text(lg: dict) -> str:
+    lines = ["## The ledger's cost", "",
+             f"A step of the {lg['layers']}-layer stack under a `tg.Ledger` against the plain step, interleaved in "
+             f"each of {lg['rounds']} rounds at every thread count ({lg['steps']} timed steps of each kind a round; "
+             "ratios of medians). *steady*: steps inside a ledger kept open across them, as a long run records "
+             "(`keep_iterations=2`); *fresh*: a new Ledger entered and left around each step, which adds what "
+             "entering costs: one `gc.collect()` and one scan of the Python heap for the tensors, tapes and "
+             "optimizer states that exist already (it grows with the process's Python objects, not the model's "
+             "size; PyTorch loaded makes it large). Target: steady ≤ 1.10×.", "",
+             "| shape (B, T, d, H) | threads | plain step ms | steady × | fresh × | entering ms | events/step | "
+             "Python objects |", "|---|---|---|---|---|---|---|---|"]
+    for row in lg["rows"]:
+        for n, r in row["ratio"].items():
+            lines.append(f"| {row['shape']} | {n} | {fmt_ms(r['plain'])} | {r['steady']:.3f} | {r['fresh']:.3f} | "
+                         f"{row['enter'] * 1e3:.1f} | {row['events']} | {row['objects']:,} |")
+    lines += ["", f"Python heap per event (tracemalloc, {lg['bytes_events']:,} events of the shape {lg['bytes_shape']} "
+              f"under one ledger): **{lg['bytes_per_event']:.1f} B** (events as columns, origins interned; target "
+              "≤ ~120 B).", ""]
+    return "\n".join(lines)
 
 
 def bench_scaling(cfg, args) -> dict:
@@ -907,6 +1004,8 @@ def write_report(res: dict, args, out_dir: str, elapsed: float) -> str:
         w("")
     if "attention" in res:
         w(attention_text(res["attention"]))
+    if "ledger" in res:
+        w(ledger_text(res["ledger"]))
     if "erf" in res:
         e = res["erf"]
         w("## Fast float32 erf")
@@ -1178,12 +1277,12 @@ def main(args) -> int:
     if args.warm is None:
         args.warm = cfg["warm"]
     only = {s.strip() for s in args.only.split(",") if s.strip()} or {"erf", "main", "ckpt", "scaling", "attention",
-                                                                              "profile"}
+                                                                              "ledger", "profile"}
     res = {"env": environment(args)}
     print(f"tinygrad_ckpt benchmarks ({'quick' if args.quick else 'full'}), threads={args.thread_counts}: "
           f"{res['env']['blas']}", flush=True)
     sections = (("erf", bench_erf), ("main", bench_main), ("ckpt", bench_ckpt), ("scaling", bench_scaling),
-                ("attention", bench_attention), ("profile", bench_profile))
+                ("attention", bench_attention), ("ledger", bench_ledger), ("profile", bench_profile))
     for name, fn in sections:
         if name in only:
             t0 = time.perf_counter()

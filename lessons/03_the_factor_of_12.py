@@ -108,7 +108,7 @@ def measure_block(batch, seq_len, d_model, n_head, dtype=np.float32, dropout=0.0
             if id(owner) in params:
                 continue  # a weight, saved by reference: parameter memory, not activation
             if id(owner) in buffers:
-                buffers[id(owner)]["also"].append(saver)
+                buffers[id(owner)]["also"].append(f"{entry.op}:{key}")
             else:
                 buffers[id(owner)] = dict(name=saver, shape=tuple(owner.shape), dtype=str(owner.dtype),
                                           nbytes=int(nbytes), also=[], term=TERM_OF.get(saver))
@@ -130,7 +130,7 @@ def print_inventory(m: dict) -> None:
         term = b["term"] or "(none)"
         est = m["terms"].get(b["term"]) if b["term"] else None
         ok = "yes" if est == b["nbytes"] else f"+{b['nbytes']} B"
-        rows.append((i + 1, b["name"], ", ".join(s.split(".")[-1] for s in b["also"]) or "",
+        rows.append((i + 1, b["name"], ", ".join(b["also"]) or "",
                      str(list(b["shape"])), b["dtype"], f"{b['nbytes']:,}", term,
                      f"{est:,}" if est is not None else "-", ok))
     print(C.table(rows, ["#", "saved by (first saver)", "also read by", "buffer shape", "dtype", "bytes",

@@ -47,7 +47,7 @@ def sizes(quick: bool) -> dict:
 def layer1_idle(led) -> dict:
     """When backward first reads any of layer 1's (transformer.h.0's) saved buffers, as a share of the backward pass."""
     lives = [lf for lf in led.lifetimes()
-             if plots.layer_of(lf.name) == "transformer.h.0" and lf.idle_fraction is not None]
+             if lf.layer == "transformer.h.0" and lf.idle_fraction is not None]
     first = min(lives, key=lambda lf: lf.first_used)
     weights = np.array([lf.nbytes for lf in lives], dtype=float)
     return dict(steps=first.idle_fraction, flops=first.idle_fraction_flops, first_reader=first.name,
@@ -132,7 +132,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
 
     layer_names = [r["name"] for r in rows_l]
     h0_rows = [r["name"] for r in plots.lifetime_rows(led, by="buffer")
-               if plots.layer_of(r["name"]) == "transformer.h.0"]
+               if r["layer"] == "transformer.h.0"]
     fig, axes = plots.new_figure(2, 1, figsize=(11, 3.2 + 0.22 * (len(layer_names) + len(h0_rows))), sharex=True,
                                  gridspec_kw=dict(height_ratios=[len(layer_names), len(h0_rows)]))
     plots.plot_lifetimes(axes[0], led, by="layer", title="Lifetimes of saved activations, one row per layer "

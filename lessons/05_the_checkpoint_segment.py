@@ -205,7 +205,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           f"ratio {recompute_ratio:.4f}")
     print(f"forward + backward (+ recompute): {train_plain:,} -> {train_ckpt:,} FLOPs "
           f"(×{train_ckpt / train_plain:.3f}; backward is about 2× forward, so one extra forward is about +33%)")
-    stopped_before = sorted({f["name"].split(".", 3)[3] for f, r in C.replayed_ops(lc, "transformer.h.")
+    stopped_before = sorted({f["name"].removeprefix(f["layer"] + ".") for f, r in C.replayed_ops(lc, "transformer.h")
                              if f["flops"] and not r["flops"]})
     print(f"The {fwd_blocks - recompute:,} FLOPs not replayed are each block's {', '.join(stopped_before)}: the "
           "replay stops early, as PyTorch's does,\nonce backward has every array it needs (such an op saves at "

@@ -36,6 +36,7 @@ from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import backend, estimate, nn, plots
+from tinygrad_ckpt.events import within
 from tinygrad_ckpt.policies import KeepByPolicy
 
 SLUG = "07_selective_recomputation"
@@ -81,7 +82,7 @@ def label_ops(names: list[str]) -> list[str]:
 def block_replay(led) -> list[tuple[str, int, int]]:
     """(label, forward FLOPs, FLOPs its replay ran) of each op of block h.0, from a checkpointed run's ledger
     (an op the replay served, kept by the policy or past the early stop, ran with 0 FLOPs)."""
-    pairs = C.replayed_ops(led, "transformer.h.0.")
+    pairs = C.replayed_ops(led, "transformer.h.0")
     return [(label, f["flops"], r["flops"]) for label, (f, r) in zip(label_ops([f["name"] for f, _ in pairs]), pairs)]
 
 
@@ -111,7 +112,7 @@ def block_ops(cfg: dict) -> tuple[list[dict], dict]:
                 if id(owner) not in seen:
                     seen.add(id(owner))
                     kept += nbytes
-            if not entry.name.startswith("transformer.h.0."):
+            if not within(entry.scope, "transformer.h.0"):
                 continue
             rows.append(dict(name=entry.name, op=entry.op, bytes=kept, flops=entry.ctx.flops[0],
                              keys=keys, decisions={p: pol.decide(entry.op, entry.name) for p, pol in POLICIES}))

@@ -118,7 +118,7 @@ def annotate_steps(steps: list[dict], led) -> None:
         recomputed = [e for e in events if e.action == "recomputed"]
         s["recomputed_saves"] = len(recomputed)
         s["recomputed_bytes"] = sum(e.nbytes for e in recomputed)
-        s["recomputed_names"] = [e.name for e in recomputed]
+        s["recomputed_ops"] = [(e.scope, e.op) for e in recomputed]
         window = tl["activation"][s["event_start"]:s["event_stop"]]
         s["inside_peak"] = int(window.max()) if len(window) else s["before"]
 
@@ -214,7 +214,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
     ck = next(s for s in steps if s["op"] == "checkpoint")
     soft = next(s for s in steps if s["op"] == "softmax")
     freed_by_plain = [s["before"] - s["after"] for s in steps if s["op"] != "checkpoint"]
-    names = list(dict.fromkeys(n.split(":")[0] for n in ck["recomputed_names"]))
+    names = list(dict.fromkeys(f"{scope}.{op}" if scope else op for scope, op in ck["recomputed_ops"]))
     print(f"\nThe softmax entry {soft['name']} (#{soft['index']}) saved {soft['saved']}: its backward reads the "
           "output, then releases it.")
     print(f"The checkpoint entry {ck['name']} (#{ck['index']}) saved {ck['saved']}: when it runs, it replays block 1 "
@@ -245,7 +245,7 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
         config=cfg,
         forward_entries=forward["entries"],
         forward_activation=forward["activation"],
-        steps=[{k: v for k, v in s.items() if k != "recomputed_names"} for s in steps],
+        steps=[{k: v for k, v in s.items() if k != "recomputed_ops"} for s in steps],
         n_steps=len(steps),
         checkpoint_step=ck["index"],
         checkpoint_saved=list(ck["saved"]),

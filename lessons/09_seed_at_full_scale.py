@@ -200,7 +200,7 @@ def per_layer_figure(path, shape, terms, h0) -> None:
     t2_keys = ("attn.softmax_out", "attn.causal_mask")
     f_t2 = sum(terms[k] for k in t2_keys)
     f_e = sum(terms.values()) - f_t2
-    m_t2 = sum(n for k, n in h0.items() if k.startswith(("attn.softmax:", "attn.masked_fill:")))
+    m_t2 = sum(n for (module, op, _), n in h0.items() if module == "attn" and op in ("softmax", "masked_fill"))
     m_e = sum(h0.values()) - m_t2
     e_label = f"14·E·{v} B + 2·B·T·{v} B" if f_e == 14 * E * v + 2 * B * T * v else f"{f_e / (E * v):.2f}·E·{v} B"
     t2_label = f"B·H·T²·{v} B + T² B (mask)"
@@ -304,12 +304,24 @@ def fb(n: float) -> str:
     return f"{C.format_bytes(n)} ({C.format_bytes(n, decimal=True)})"
 
 
-NAME_OF = {"ln_1.rstd": "ln_1.layer_norm:rstd",
-           "attn.c_attn.input": "ln_1.layer_norm:out", "attn.qkv": "attn.matmul:b",
-           "attn.causal_mask": "attn.masked_fill:mask", "attn.softmax_out": "attn.softmax:out",
-           "attn.c_proj.input": "attn.c_proj.linear:x",
-           "ln_2.rstd": "ln_2.layer_norm:rstd", "mlp.c_fc.input": "ln_2.layer_norm:out",
-           "mlp.gelu.input": "mlp.gelu:x", "mlp.c_proj.input": "mlp.gelu:out"}  # formula term -> saved name
+SAVED_AS = {"ln_1.rstd": ("ln_1", "layer_norm", "rstd"),  # formula term -> (module in the block, op, role) of its save
+            "attn.c_attn.input": ("ln_1", "layer_norm", "out"), "attn.qkv": ("attn", "matmul", "b"),
+            "attn.causal_mask": ("attn", "masked_fill", "mask"), "attn.softmax_out": ("attn", "softmax", "out"),
+            "attn.c_proj.input": ("attn.c_proj", "linear", "x"),
+            "ln_2.rstd": ("ln_2", "layer_norm", "rstd"), "mlp.c_fc.input": ("ln_2", "layer_norm", "out"),
+            "mlp.gelu.input": ("mlp", "gelu", "x"), "mlp.c_proj.input": ("mlp", "gelu", "out")}
+
+
+def block_saves(led, block: str = "transformer.h.0") -> dict:
+    """{(module in the block, op, role): bytes} of what the block's ops saved (each buffer once, under its first
+    saver: the ledger's lifetimes)."""
+    modules = {f"{block}.{module}": module for module, _, _ in SAVED_AS.values()}
+    out = {}
+    for lf in led.lifetimes():
+        if lf.layer == block:
+            key = (modules.get(lf.scope, lf.scope), lf.op, lf.role)
+            out[key] = out.get(key, 0) + lf.nbytes
+    return out
 
 
 def main(quick: bool = False, out: str = "figures") -> dict:
@@ -344,8 +356,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     seed_formula_config = est.seed_activation_bytes_total(L, B, T, d, v)
     terms = est.engine_activation_terms(shape)
     engine_layer = sum(terms.values())
-    h0 = {k[len("transformer.h.0."):]: n for k, n in led.saved_breakdown(by="name").items()
-          if k.startswith("transformer.h.0.")}
+    h0 = block_saves(led)
     measured_layer = sum(h0.values())
     by_layer = led.saved_breakdown(by="layer")
     blocks = sum(n for k, n in by_layer.items() if k.startswith("transformer.h."))
@@ -357,9 +368,11 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     rows = []
     for k, n in terms.items():
         kind = "T²" if k in t2_keys else ("B·T" if k.endswith("rstd") else f"{n / (E * v):g}·E")
-        rows.append((k, kind, f"{n:,}", f"{h0.get(NAME_OF.get(k, ''), 0):,}", NAME_OF.get(k, "")))
+        saved_as = SAVED_AS.get(k)
+        rows.append((k, kind, f"{n:,}", f"{h0.get(saved_as, 0):,}",
+                     f"{saved_as[0]}.{saved_as[1]}:{saved_as[2]}" if saved_as else ""))
     rows.append(("total", "", f"{engine_layer:,}", f"{measured_layer:,}", ""))
-    print(f"\nOne block (h.0), term by term: engine_activation_terms vs led.saved_breakdown(by='name') "
+    print(f"\nOne block (h.0), term by term: engine_activation_terms vs led.lifetimes() of layer transformer.h.0 "
           f"(E = B·T·d = {E:,}):")
     print(C.table(rows, ["term", "scales as", "formula (B)", "measured (B)", "saved as transformer.h.0.<name>"]))
     tt_sum = sum(terms[k] for k in t2_keys)

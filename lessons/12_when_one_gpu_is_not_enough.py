@@ -21,7 +21,7 @@ since at the seed's batch of 4 every plan fits, the largest batch each plan fits
 
 Read: tinygrad_ckpt/parallel.py (the sharded modules and the collectives as one device sees them),
 tinygrad_ckpt/measure.py (ParallelStep), tinygrad_ckpt/estimate.py (korthikanti_parallel_terms),
-tinygrad_ckpt/cli.py (compare_layer; `tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel`).
+tinygrad_ckpt/report.py (compare_layer; `tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel`).
 
 Run: python lessons/12_when_one_gpu_is_not_enough.py [--quick] [--out figures]
 (--quick: 4 of the 32 layers, everything else as the seed.)
@@ -35,8 +35,8 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from tinygrad_ckpt import cli, plots
 from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt import plots, report
 from tinygrad_ckpt.ledger import CATEGORIES
 from tinygrad_ckpt.measure import ParallelStep
 from tinygrad_ckpt.parallel import Parallelism
@@ -74,7 +74,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         led, seconds = step.measure(ckpt)
         tl = led.timeline()
         i = int(np.argmax(tl["total"]))
-        comparison = cli.compare_layer(led, shape, par, ckpt == "selective") if ckpt != "every_layer" else None
+        comparison = report.compare_layer(led, shape, par, ckpt == "selective") if ckpt != "every_layer" else None
         runs[label] = dict(peak=led.peak_bytes(), at_peak={c: int(tl[c][i]) for c in CATEGORIES},
                            category_peaks={c: led.peak_bytes(c) for c in CATEGORIES}, seconds=seconds,
                            comparison=comparison, fits=led.peak_bytes() <= CAPACITY)

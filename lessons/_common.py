@@ -17,6 +17,7 @@ __all__ = ["cli", "claim", "output_folder", "fresh", "frozen_heap", "token_batch
 import numpy as np  # noqa: E402
 
 from tinygrad_ckpt import nn, optim  # noqa: E402
+from tinygrad_ckpt.events import within  # noqa: E402
 from tinygrad_ckpt.figures import output_folder  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
@@ -106,13 +107,14 @@ def table(rows, headers, aligns=None) -> str:
     return "\n".join(lines)
 
 
-def replayed_ops(led, prefix: str) -> list[tuple[dict, dict]]:
-    """(forward op, the same op in its replay) for every op whose name starts with `prefix`, from the ledger of a
-    run whose blocks are each replayed once (the checkpoint entries aside). Blocks replay in backward's order,
-    each one's ops in its forward's order, so the k-th op of a name pairs with the k-th replayed op of that
-    name. An op the replay served instead of running (kept by a policy, or past the early stop) shows 0 FLOPs."""
+def replayed_ops(led, module: str) -> list[tuple[dict, dict]]:
+    """(forward op, the same op in its replay) for every op run in `module` or below ("transformer.h": every block),
+    from the ledger of a run whose blocks are each replayed once (the checkpoint entries aside). Blocks replay in
+    backward's order, each one's ops in its forward's order, so the k-th op of a name pairs with the k-th replayed
+    op of that name. An op the replay served instead of running (kept by a policy, or past the early stop) shows 0
+    FLOPs."""
     def of(phase):
-        return [op for op in led.ops if op["phase"] == phase and op["name"].startswith(prefix)
+        return [op for op in led.ops if op["phase"] == phase and within(op["scope"], module)
                 and op["op"] != "checkpoint"]
 
     forward, replays = of("forward"), {}

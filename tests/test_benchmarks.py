@@ -6,6 +6,7 @@ Times are not asserted: they depend on the machine and on what else runs on it.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -152,4 +153,7 @@ def test_quick_benchmark_writes_its_report(tmp_path):
         for plan in ("every_layer", "sqrt"):
             assert f"- {plan}, 1 thread(s): the value check costs" in md
     assert "Measured, not applied" in md
+    assert "## The ledger's cost" in md
+    assert "| shape (B, T, d, H) | threads | plain step ms | steady × | fresh × |" in md
+    assert re.search(r"Python heap per event \(tracemalloc, [\d,]+ events .*\*\*\d+\.\d B\*\*", md)
     assert (tmp_path / "benchmarks.png").stat().st_size > 10_000

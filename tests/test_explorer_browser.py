@@ -19,7 +19,7 @@ import pytest
 from test_explorer import forward_backward
 
 from tinygrad_ckpt import figures
-from tinygrad_ckpt.palette import CATEGORY_COLORS, layer_of
+from tinygrad_ckpt.palette import CATEGORY_COLORS
 
 CHROMIUM = os.environ.get("TINYGRAD_CKPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 
@@ -150,7 +150,7 @@ def test_clicking_a_layer_highlights_its_buffers_in_both_views(compared):
     ledgers, page = compared
     page.page.click(".chip[data-layer='transformer.h.1']")
     page.settle()
-    expected = [sum(layer_of(lf.name) == "transformer.h.1" for lf in led.lifetimes()) for led in ledgers]
+    expected = [sum(lf.layer == "transformer.h.1" for lf in led.lifetimes()) for led in ledgers]
     assert page.highlighted() == expected and min(expected) > 0
     assert page.js("document.querySelector('.chip.selected').dataset.layer") == "transformer.h.1"
     # the memory plots draw the highlighted buffers' live bytes: at most what is live, more than nothing

@@ -11,7 +11,8 @@ PACKAGE = pathlib.Path(tinygrad_ckpt.__file__).parent
 
 # bottom to top; a module may import modules of lower layers, and inside the circle, each other
 LAYERS = [
-    {"units", "palette", "checks"},  # import nothing (checks: a caller's arguments)
+    {"units", "palette", "checks", "events"},  # import nothing (checks: a caller's arguments; events: the ledger's
+    # records, stored compactly)
     {"cuda_allocator", "devices"},  # PyTorch's CUDA caching allocator, simulated; the GPUs' memory (units only)
     {"state", "planner", "estimate"},  # per-thread state; pure formulas and plans
     {"backend"},  # numpy, cupy, meta: the only code that knows an array library
@@ -24,9 +25,10 @@ LAYERS = [
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"parallel", "explorer", "memory_viz"},  # one device's shard of a parallel GPT; the ledger's HTML page and
     # memory_viz snapshot, from plain event data
+    {"exports"},  # what Ledger.to_* write: Chrome trace, CSV, JSONL, memory_viz, the explorer page
     {"ledger"},  # an observer
     {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
-    {"tapeview"},  # tape entries as a table and a drawing (draws with plots)
+    {"tapeview", "report"},  # tape entries as a table and a drawing (draws with plots); what `estimate` prints
     {"figures"},
     {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings
     {"cli"},

@@ -29,7 +29,7 @@ def test_gelu_saves_exactly_its_input_and_output():
         z = y @ tg.Parameter(np.ones((4 * d, d), np.float32))  # keeps y: the same buffer
     assert alone == 2 * 4 * B * T * 4 * d  # x and the output, now held by the tape
     assert led.live_bytes("activation") == alone  # the matmul's input is gelu's output, counted once
-    assert [e.action for e in led.events if e.name.endswith("gelu:x")] == ["saved"]
+    assert [e.action for e in led.events if e.op == "gelu" and e.role == "x"] == ["saved"]
     del y, z
 
 
@@ -125,11 +125,11 @@ def test_idle_fraction_of_layer_1_in_a_32_layer_stack():
         for b in blocks:
             h = b(h)
         h.sum().backward()
-    layer1 = [life for life in led.lifetimes() if life.name.startswith("0.")]  # block 0's saves
+    layer1 = [life for life in led.lifetimes() if life.layer == "0"]  # block 0's saves
     assert layer1
     idle = min(life.idle_fraction for life in layer1)
     assert abs(idle - (n - 1) / n) < 0.02, idle
-    last = [life for life in led.lifetimes() if life.name.startswith(f"{n - 1}.")]
+    last = [life for life in led.lifetimes() if life.layer == str(n - 1)]
     assert max(life.idle_fraction for life in last) < 1.5 / n
 
 

@@ -23,22 +23,27 @@ from importlib import resources
 
 import numpy as np
 
-from .palette import CATEGORY_COLORS, CATEGORY_LABELS, LIFETIME_COLORS, LIFETIME_LABELS, PHASE_COLORS, layer_of
+from .events import ACTIONS as EVENT_ACTIONS
+from .events import CATEGORIES, PHASES
+from .palette import CATEGORY_COLORS, CATEGORY_LABELS, LIFETIME_COLORS, LIFETIME_LABELS, PHASE_COLORS
 
-CATEGORIES = tuple(CATEGORY_COLORS)  # the ledger's categories and phases, in its order (the palette has them all)
-PHASES = tuple(PHASE_COLORS)
-ACTIONS = ("existing", "allocated", "saved", "recomputed", "restored", "unsaved", "released", "retagged")
+ACTIONS = tuple(a for a in EVENT_ACTIONS if a != "op")  # the page's events are memory events only
 DEFAULT_TITLE = "tinygrad_ckpt memory explorer"
 
 
 class _Strings:
-    """A table of strings sent once; the columns hold their indices."""
+    """A table of strings sent once; the columns hold their indices. A name is sent with its layer (the
+    record's `layer` field), which the page highlights by."""
 
     def __init__(self):
         self.index: dict[str, int] = {}
+        self.layers: dict[int, str] = {}
 
-    def __call__(self, text: str) -> int:
-        return self.index.setdefault(text, len(self.index))
+    def __call__(self, text: str, layer: str | None = None) -> int:
+        i = self.index.setdefault(text, len(self.index))
+        if layer is not None:
+            self.layers.setdefault(i, layer)
+        return i
 
     def table(self) -> list[str]:
         return list(self.index)
@@ -48,6 +53,7 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
     """One ledger as the page reads it: columns of its memory events (op markers left out), the deltas of
     its timeline per category, its ops, its saved buffers' lifetimes, and where its peak is."""
     strings = _Strings()
+    events = list(events)
     keep = np.array([ev.action != "op" for ev in events], dtype=bool)
     mem = [ev for ev in events if ev.action != "op"]
     code = {name: i for i, name in enumerate(CATEGORIES)}
@@ -63,20 +69,20 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
             "category": [code[ev.category] for ev in mem],
             "from": [code.get(ev.from_category, -1) for ev in mem],
             "nbytes": [ev.nbytes for ev in mem],
-            "name": [strings(ev.name) for ev in mem],
+            "name": [strings(ev.name, ev.layer) for ev in mem],
             "buffer": [ev.buffer for ev in mem],
             "phase": [phase[ev.phase] for ev in mem],
         },
         # live bytes per category after each event (the ledger's timeline), sent as differences
         "live": {c: np.diff(np.asarray(timeline[c])[keep], prepend=0).tolist() for c in CATEGORIES},
         "ops": {
-            "name": [strings(op["name"]) for op in ops],
+            "name": [strings(op["name"], op["layer"]) for op in ops],
             "op": [strings(op["op"]) for op in ops],
             "phase": [phase[op["phase"]] for op in ops],
             "flops": [int(op["flops"]) for op in ops],
         },
         "lifetimes": {
-            "name": [strings(lf.name) for lf in lifetimes],
+            "name": [strings(lf.name, lf.layer) for lf in lifetimes],
             "nbytes": [lf.nbytes for lf in lifetimes],
             "shape": [strings(f"{list(lf.shape)} {lf.dtype}") for lf in lifetimes],
             "buffer": [lf.buffer for lf in lifetimes],
@@ -92,7 +98,7 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
         "end_bytes": int(total[-1]) if len(total) else 0,
     }
     data["names"] = strings.table()
-    data["layers"] = [layer_of(name) for name in data["names"]]
+    data["layers"] = [strings.layers.get(i, "") for i in range(len(data["names"]))]
     return data
 
 

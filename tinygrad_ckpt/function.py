@@ -63,28 +63,25 @@ _CORE = ("needs_input_grad", "in_shapes", "saving", "saved")
 
 
 class OpCall:
-    """One op being applied, as observers see it: the Function, its kind and scoped name, the inputs (Tensors and
-    constants) and their arrays, its keyword parameters and Context; `record` (make a tape entry, when a
-    gradient can flow) and `given` (outputs an observer gives instead of running forward, and `given_by`, that
-    observer), which observers may change in on_op_start; `entry` once recorded."""
+    """One op being applied, as observers see it: the Function, its kind, scoped name and module path (`scope`),
+    the inputs (Tensors and constants) and their arrays, its keyword parameters and Context; `record` (make a tape
+    entry, when a gradient can flow) and `given` (outputs an observer gives instead of running forward, and
+    `given_by`, that observer), which observers may change in on_op_start; `entry` once recorded."""
 
-    __slots__ = ("fn", "kind", "name", "inputs", "arrays", "params", "ctx", "record", "given", "given_by", "entry")
+    __slots__ = ("fn", "kind", "name", "scope", "inputs", "arrays", "params", "ctx", "record", "given", "given_by",
+                 "entry")
 
     def __init__(self, fn, inputs: tuple, params: dict):
         st = state.local
         self.fn, self.kind, self.inputs, self.params = fn, fn.kind(), inputs, params
         self.name = st.prefix + self.kind
+        self.scope = st.prefix[:-1]  # the module path the op runs in: prefix "h.3.mlp." -> "h.3.mlp" ("" at the top)
         self.arrays = [x.data if isinstance(x, Tensor) else x for x in inputs]
         _check_same_backend(self.kind, self.arrays)
         needs = tuple(st.grad_enabled and isinstance(x, Tensor) and x.requires_grad for x in inputs)
         self.record = any(needs)
         self.ctx = Context(needs, tuple(getattr(a, "shape", None) for a in self.arrays), self.record)
         self.given = self.given_by = self.entry = None
-
-    @property
-    def scope(self) -> str:
-        """The module path the op ran in ("transformer.h.3.mlp"; "" at the top)."""
-        return self.name.rpartition(".")[0]
 
     def __repr__(self) -> str:
         return f"<call of {self.name} [{self.kind}]{' (recorded)' if self.record else ''}>"
@@ -140,7 +137,8 @@ def _wrap(call: OpCall, out):
         ctx.saved = {k: arrays.get(id(v)) if id(v) in arrays else be.as_array(v) for k, v in ctx.saved.items()}
     if call.record:
         edges = tuple(key_of(x) if needed else None for x, needed in zip(call.inputs, ctx.needs_input_grad))
-        call.entry = TapeEntry(call.fn, call.name, ctx, edges, tuple(map(_meta, call.arrays)), tuple(map(_meta, outs)))
+        call.entry = TapeEntry(call.fn, call.name, call.scope, ctx, edges, tuple(map(_meta, call.arrays)),
+                               tuple(map(_meta, outs)))
     grad, cut = any(ctx.needs_input_grad), ctx.non_differentiable
     results = tuple(Tensor._from_op(o, grad and i not in cut, call.entry if grad and i not in cut else None, i)
                     if be.is_array(o) else o for i, o in enumerate(outs))

@@ -6,49 +6,65 @@
 
 What is counted is *buffers*, not tensors: views and tensors sharing memory resolve to the one
 array that owns it (`backend.buffer`) and are counted once. A buffer is "allocated" the first
-time the engine holds it, and "released" when its memory is really freed: a weak-reference
-finalizer on the owning array fires then, never when the engine merely thinks it is done.
+time the engine holds it, and "released" when its memory is really freed: a weak reference to the
+owning array calls back then, never when the engine merely thinks it is done.
 
 Each buffer has one category at a time, the strongest of the roles it plays:
 parameter > optimizer > gradient > activation (saved by the tape) > other (live tensors).
 A forward output starts as "other", becomes "activation" when an op saves it, and returns to
 "other" if the tape lets it go while a tensor still holds it.
 
+Every event says what it is about in fields (events.Origin): the op kind, its module path, its layer,
+the role of the array (a save's key, "output", "grad", an optimizer state's key), the tensor it belongs
+to, and the reason a checkpoint's policy kept it. `name` is for display only; no code parses it.
+
 The ledger also counts FLOPs per phase ("forward", "backward", "recompute", "optimizer"), records
 one op slice per op for the Chrome trace, and can enforce a capacity like a GPU that cannot grow.
-A ledger is an observer (observe.py): entering it installs it in the observer slot of the thread
-that entered it, and it records what that thread's engine does; other threads are not observed.
+Events are stored as columns (events.py, about 50 bytes an event); `Ledger(keep_iterations=N)` keeps
+the events of the last N training iterations only, and a summary of each older one.
+A ledger is an observer (observe.py): entering it adds it to the observers of the thread that
+entered it, and it records what that thread's engine does; other threads are not observed.
 The core never calls it by name, and nothing costs anything while no ledger is active.
 """
 
 from __future__ import annotations
 
 import contextlib
-import csv
 import functools
 import gc
-import json
 import math
 import numbers
-import os
 import time
 import tracemalloc
 import weakref
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from . import backend, explorer, memory_viz, state
+from . import backend, exports, state
 from .checks import number, one_of
+from .events import (  # noqa: F401  (Event: ledger.Event, as before)
+    CATEGORIES,
+    NO_CATEGORY,
+    OP,
+    PHASES,
+    Event,
+    EventLog,
+    Iteration,
+    IterationLog,
+    Lifetime,
+    Lifetimes,
+    Origin,
+    layer_of,
+)
 from .observe import Observer
-from .palette import layer_of
 from .tape import edge_name
 from .units import format_bytes, parse_bytes
 
-CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")
-PHASES = ("forward", "backward", "recompute", "optimizer")
-_PRIORITY = {c: i for i, c in enumerate(CATEGORIES)}  # lower index wins
-
+EXISTING, ALLOCATED, SAVED, RECOMPUTED, RESTORED, UNSAVED, RELEASED, RETAGGED = range(8)
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = range(4)
+PARAMETER, OPTIMIZER_STATE, GRADIENT, ACTIVATION, OTHER = range(5)  # categories, strongest first
+_CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
+_PHASE = {p: i for i, p in enumerate(PHASES)}
 
 
 def current() -> Ledger | None:
@@ -60,85 +76,75 @@ class OutOfMemoryError(RuntimeError):
     """An allocation would exceed the ledger's capacity (like a GPU that cannot grow)."""
 
 
-@dataclass(slots=True)
-class Event:
-    seq: int
-    step: int
-    phase: str
-    action: str  # existing | allocated | saved | recomputed | restored | unsaved | released | retagged | op
-    nbytes: int
-    category: str
-    name: str  # scoped name of the op (or the tensor) responsible
-    shape: tuple = ()
-    dtype: str = ""
-    buffer: int = -1  # ledger-wide buffer id (stable, never reused)
-    live: int = 0  # total live bytes after this event
-    from_category: str = ""  # for a move between categories (saved / unsaved)
-    flops: int = 0  # FLOPs of this op (action "op")
-    time: float = 0.0  # seconds since the ledger started
-
-    @property
-    def allocates(self) -> bool:
-        """A buffer's first event: its memory counts from here (a tape that existed when the ledger started
-        also has "existing" save events, which move a buffer between categories like "saved")."""
-        return self.action in ("existing", "allocated") and not self.from_category
-
-
-@dataclass(slots=True)
 class _Buffer:
-    id: int
-    nbytes: int
-    category: str
-    name: str
-    roles: set = field(default_factory=set)  # non-activation roles played
-    saves: int = 0  # how many live tape saves hold it
-    finalizer: object = None
+    """A buffer the engine holds: its id, size, category, the roles it plays (a bit per category) and how many
+    live tape saves hold it; the origin of its first event, its row in the lifetimes (-1: never saved), and the
+    weak reference that reports its release."""
+
+    __slots__ = ("id", "nbytes", "category", "roles", "saves", "origin", "life", "ref")
+
+    def __init__(self, id: int, nbytes: int, category: int, origin: int):
+        self.id, self.nbytes, self.category, self.origin = id, nbytes, category, origin
+        self.roles = 0 if category == ACTIVATION else 1 << category
+        self.saves, self.life, self.ref = 0, -1, None
 
 
-@dataclass
-class Lifetime:
-    """One saved buffer: when it was saved, read by backward, and freed; how long it sat idle."""
+class _Ref(weakref.ref):
+    """A weak reference to a buffer's owning array that remembers the ledger's key for it."""
 
-    name: str
-    nbytes: int
-    shape: tuple
-    dtype: str
-    buffer: int
-    created: int  # step of the first save
-    first_used: int | None = None  # step of the first backward that read it
-    last_used: int | None = None
-    released: int | None = None  # step its memory was freed
-    idle_fraction: float | None = None  # share of its backward pass (in steps) spent before first use
-    idle_fraction_flops: float | None = None  # the same, weighted by backward FLOPs
+    __slots__ = ("key",)
 
 
 class Ledger(Observer):
-    """Records memory events and FLOPs while active (a context manager). See the module docstring."""
+    """Records memory events and FLOPs while active (a context manager). See the module docstring.
 
-    def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False):
+    capacity_bytes: the most the engine may hold (OutOfMemoryError beyond it); trace_numpy: also record
+    tracemalloc's NumPy bytes at every op boundary (slow); keep_iterations: keep the events, op slices and
+    lifetimes of the last N training iterations only (an iteration begins with the first forward op after a
+    backward or optimizer phase), and a summary of each older one (`iterations()`). Peaks, FLOPs and summary()
+    cover the whole run either way."""
+
+    def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False,
+                 keep_iterations: int | None = None):
         self.capacity_bytes = capacity_bytes  # validated by the property below
         if not isinstance(trace_numpy, (bool, np.bool_)):
             raise TypeError(f"Ledger: trace_numpy must be True or False, got {trace_numpy!r}")
+        if keep_iterations is not None:
+            wanted = "None (keep every event) or a positive int (the training iterations whose events are kept)"
+            if isinstance(keep_iterations, bool) or not isinstance(keep_iterations, numbers.Integral):
+                raise TypeError(f"Ledger: keep_iterations must be {wanted}, got {keep_iterations!r}")
+            if keep_iterations < 1:
+                raise ValueError(f"Ledger: keep_iterations must be {wanted}, got {keep_iterations!r}")
+            keep_iterations = int(keep_iterations)
+        self.keep_iterations = keep_iterations
         self._entered = False
         self._observers = None  # while recording: the observer list of the thread that entered it
         self.trace_numpy = trace_numpy  # record tracemalloc's NumPy bytes at every op boundary
-        self.events: list[Event] = []
-        self.ops: list[dict] = []  # one slice per op: name, op, phase, step, t0, t1, flops
-        self.live = dict.fromkeys(CATEGORIES, 0)
-        self.peak = dict.fromkeys(CATEGORIES, 0)
-        self.peak_total = 0
-        self._total = 0  # live bytes over all categories
-        self.allocated_total = dict.fromkeys(CATEGORIES, 0)
-        self.freed_total = dict.fromkeys(CATEGORIES, 0)
+        self.events = EventLog()  # a sequence of Event records (built on access)
+        self.ops = self.events.ops  # a sequence of op slices (dicts: name, op, scope, layer, phase, step, t0, t1, ...)
+        self._lives = Lifetimes()  # one row per saved buffer
+        self._live = [0] * len(CATEGORIES)
+        self._peak = [0] * len(CATEGORIES)  # over the iterations before this one
+        self._allocated = [0] * len(CATEGORIES)  # into each category (moves included)
+        self._freed = [0] * len(CATEGORIES)
+        self._total = self._peak_total = 0  # live bytes over all categories; their peak before this iteration
+        self._real = [0, 0]  # bytes allocated, freed: real memory only (a move between categories is neither)
         self.flops_by_phase = dict.fromkeys(PHASES, 0)
-        self.step = 0
-        self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record
+        self.step = 0  # ops recorded
+        self.seq = 0  # events recorded (led.events keeps the last ones in a bounded ledger)
+        self._buffers: dict[int, _Buffer] = {}  # id(owner) -> record, for live buffers
         self._next_buffer = 0
-        self._phase_stack: list[tuple[str, float]] = []  # (phase, when it began)
+        self._phases: list[tuple[int, float]] = []  # (phase, when it began); empty: forward
+        self._phase = FORWARD
         self._span_stack: list[float] = []  # when each open span began
         self.spans: list[dict] = []  # one per phase run (a backward, a replay, an optimizer step) or named span (a
-        # checkpointed segment's forward): name, phase, t0, t1
-        self._lifetimes: dict[int, Lifetime] = {}  # buffer id -> lifetime (saved buffers)
+        # checkpointed segment's forward): name, phase, t0, t1, and the seq of the next event
+        self._iterations = IterationLog()  # one summary per finished training iteration
+        self._iteration = self._iteration_start()  # where the one in progress began
+        self._it_peak, self._it_peak_total = list(self._live), 0  # its peaks
+        self._phase_ended = False  # a backward or optimizer phase ended: the next forward op begins an iteration
+        self._base_live = [0] * len(CATEGORIES)  # live bytes before the first event kept
+        self._base_flops = 0  # FLOPs of the ops no longer kept
         self._t0 = time.perf_counter()
         self._starts: list[tuple] = []  # per op begun and not yet recorded: (time, live bytes, traced bytes)
         self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
@@ -147,7 +153,7 @@ class Ledger(Observer):
         status = "recording" if self._observers is not None else ("done" if self._entered else "not started")
         capacity = f", capacity {format_bytes(self.capacity_bytes)}" if self.capacity_bytes is not None else ""
         return (f"<Ledger ({status}): {len(self.events)} events, {len(self.ops)} ops, "
-                f"peak {format_bytes(self.peak_total)}{capacity}>")
+                f"peak {format_bytes(self.peak_bytes())}{capacity}>")
 
     # ---- activation --------------------------------------------------------------------
     @property
@@ -189,8 +195,7 @@ class Ledger(Observer):
             self._observers.remove(self)
         self._observers = None
         for buf in self._buffers.values():
-            if buf.finalizer is not None:
-                buf.finalizer.detach()
+            buf.ref = None  # no more release events
 
     def _scan_existing(self) -> None:
         """Count what the engine already holds when the ledger starts (parameters, grads, states, tapes)."""
@@ -198,19 +203,21 @@ class Ledger(Observer):
         from .tape import TapeEntry
         from .tensor import Tensor
 
-        for obj in gc.get_objects():
-            kind = type(obj)  # type(), not isinstance(): no attribute lookups on foreign objects
-            if issubclass(kind, Tensor):
-                self.track(obj.data, "parameter" if obj.is_parameter else "other", obj.name or "tensor",
-                           action="existing")
+        kinds = {k: base for base in (Tensor, Optimizer, TapeEntry) for k in _subclasses(base)}
+        # type(), not isinstance(): no attribute lookups on foreign objects (and fast over a large heap)
+        for obj in [o for o in gc.get_objects() if type(o) in kinds]:
+            kind = kinds[type(obj)]
+            if kind is Tensor:
+                name = obj.name or "tensor"
+                self._hold(obj.data, PARAMETER if obj.is_parameter else OTHER, name, "", "", EXISTING)
                 if obj.grad is not None:
-                    self.track(obj.grad, "gradient", f"{obj.name or 'tensor'}.grad", action="existing")
-            elif issubclass(kind, Optimizer):
+                    self._hold(obj.grad, GRADIENT, name, "grad", "", EXISTING)
+            elif kind is Optimizer:
                 for p in obj.params:
                     for k, a in obj.state.get(id(p), {}).items():
-                        self.track(a, "optimizer", obj.state_name(p, k), action="existing")
-            elif issubclass(kind, TapeEntry) and obj.ctx.saved:
-                self._save(obj.name, obj.ctx.saved, action="existing")
+                        self._hold(a, OPTIMIZER_STATE, p.name or "param", k, obj.kind, EXISTING)
+            elif kind is TapeEntry and obj.ctx.saved:
+                self._save(obj.name, obj.op, obj.scope, "", None, obj.ctx.saved, EXISTING)
 
     # ---- phases --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -224,11 +231,15 @@ class Ledger(Observer):
             self.end_phase(name)
 
     def begin_phase(self, name: str) -> None:
-        self._phase_stack.append((name, time.perf_counter()))
+        self._phase = _PHASE[name]
+        self._phases.append((self._phase, time.perf_counter()))
 
     def end_phase(self, name: str) -> None:
-        name, t0 = self._phase_stack.pop()
-        self.spans.append({"name": name, "phase": name, "t0": t0 - self._t0, "t1": time.perf_counter() - self._t0})
+        phase, t0 = self._phases.pop()
+        self._phase = self._phases[-1][0] if self._phases else FORWARD
+        self._phase_ended |= phase in (BACKWARD, OPTIMIZER)
+        self.spans.append({"name": PHASES[phase], "phase": PHASES[phase], "t0": t0 - self._t0,
+                           "t1": time.perf_counter() - self._t0, "seq": self.seq})
 
     def begin_span(self, label: str) -> None:
         self._span_stack.append(time.perf_counter())
@@ -236,48 +247,63 @@ class Ledger(Observer):
     def end_span(self, label: str) -> None:
         t0 = self._span_stack.pop()
         self.spans.append({"name": label, "phase": self.current_phase, "t0": t0 - self._t0,
-                           "t1": time.perf_counter() - self._t0})
+                           "t1": time.perf_counter() - self._t0, "seq": self.seq})
 
     @property
     def current_phase(self) -> str:
-        return self._phase_stack[-1][0] if self._phase_stack else "forward"
+        return PHASES[self._phase]
 
     # ---- recording -----------------------------------------------------------------------
-    def _emit(self, action, nbytes, category, name, a=None, buf=None, from_category="", flops=0) -> Event:
-        ev = Event(len(self.events), self.step, self.current_phase, action, nbytes, category, name,
-                   tuple(a.shape) if a is not None else (), _dtype_name(a.dtype) if a is not None else "",
-                   buf.id if buf is not None else -1, self._total, from_category, flops,
-                   time.perf_counter() - self._t0)
-        self.events.append(ev)
-        return ev
+    def _origin(self, a, path: str, name: str, op: str, scope: str, role: str, tensor: str, kept: str) -> int:
+        """The index of an event's origin (events.Origin), made once: `path` (an op's scoped name or a tensor's
+        name) gives the layer; `a` the shape and dtype."""
+        shape, dtype = (a.shape, a.dtype) if a is not None else ((), "")
+        key = (name, op, scope, role, tensor, kept, shape, dtype)
+        i = self.events.origin_index.get(key)
+        if i is None:
+            i = self.events.origin_index[key] = len(self.events.origins)
+            self.events.origins.append(Origin(name, op, scope, layer_of(path), role, tensor, kept, tuple(shape),
+                                              _dtype_name(dtype) if a is not None else ""))
+        return i
 
-    def _add(self, category: str, nbytes: int) -> None:
-        self.live[category] += nbytes
-        if self.live[category] > self.peak[category]:
-            self.peak[category] = self.live[category]
+    def _emit(self, action: int, nbytes: int, category: int, origin: int, buffer: int = -1, from_category: int = -1,
+              phase: int | None = None) -> None:
+        log = self.events
+        log.time.append(time.perf_counter() - self._t0)
+        log.nbytes.append(nbytes)
+        log.live.append(self._total)
+        log.buffer.append(buffer)
+        log.code.append(origin << 16 | (from_category + 1) << 12 | category << 8
+                        | (self._phase if phase is None else phase) << 4 | action)
+        self.seq += 1
+
+    def _add(self, category: int, nbytes: int) -> None:
+        live = self._live[category] = self._live[category] + nbytes
+        if live > self._it_peak[category]:
+            self._it_peak[category] = live
         self._total += nbytes
-        if self._total > self.peak_total:
-            self.peak_total = self._total
+        if self._total > self._it_peak_total:
+            self._it_peak_total = self._total
 
-    def _move(self, buf: _Buffer, category: str) -> str:
+    def _move(self, buf: _Buffer, category: int) -> int:
         old = buf.category
         if old != category:
-            self.live[old] -= buf.nbytes
+            self._live[old] -= buf.nbytes
             self._total -= buf.nbytes  # _add puts it back
-            self.freed_total[old] += buf.nbytes
-            self.allocated_total[category] += buf.nbytes
+            self._freed[old] += buf.nbytes
+            self._allocated[category] += buf.nbytes
             buf.category = category
             self._add(category, buf.nbytes)
         return old
 
-    def _category_of(self, buf: _Buffer) -> str:
-        roles = set(buf.roles)
-        if buf.saves:
-            roles.add("activation")
-        return min(roles, key=_PRIORITY.__getitem__) if roles else "other"
+    @staticmethod
+    def _category_of(buf: _Buffer) -> int:
+        """The strongest role a buffer plays (the lowest category code among its roles)."""
+        roles = buf.roles | (1 << ACTIVATION if buf.saves else 0)
+        return (roles & -roles).bit_length() - 1 if roles else OTHER
 
-    def track(self, a, role: str, name: str, action: str = "allocated") -> _Buffer | None:
-        """Note that the engine holds array `a` in `role`; a new buffer is an allocation."""
+    def _track(self, a, category: int, origin: int, action: int = ALLOCATED) -> _Buffer | None:
+        """Note that the engine holds array `a` in `category`; a new buffer is an allocation."""
         be = backend.current()
         if not be.is_array(a):
             return None
@@ -285,55 +311,69 @@ class Ledger(Observer):
         key = id(owner)
         buf = self._buffers.get(key)
         if buf is None:
-            buf = _Buffer(self._next_buffer, int(nbytes), role, name)
-            if role != "activation":
-                buf.roles.add(role)
+            buf = self._buffers[key] = _Buffer(self._next_buffer, int(nbytes), category, origin)
             self._next_buffer += 1
-            self._buffers[key] = buf
-            buf.finalizer = weakref.finalize(owner, self._on_free, key)
-            self.allocated_total[role] += buf.nbytes
-            self._add(role, buf.nbytes)
-            self._emit(action, buf.nbytes, role, name, a, buf)
-        elif role != "activation" and role not in buf.roles:
-            buf.roles.add(role)
+            buf.ref = _Ref(owner, self._on_free)
+            buf.ref.key = key
+            self._allocated[category] += buf.nbytes
+            self._real[0] += buf.nbytes
+            self._add(category, buf.nbytes)
+            self._emit(action, buf.nbytes, category, origin, buf.id)
+        elif category != ACTIVATION and not buf.roles >> category & 1:
+            buf.roles |= 1 << category
             old = self._move(buf, self._category_of(buf))
             if old != buf.category:
-                self._emit("retagged", buf.nbytes, buf.category, name, a, buf, from_category=old)
+                self._emit(RETAGGED, buf.nbytes, buf.category, origin, buf.id, old)
         return buf
 
-    def _on_free(self, key: int) -> None:
-        buf = self._buffers.pop(key, None)
+    def _hold(self, a, category: int, tensor: str, role: str, op: str, action: int = ALLOCATED) -> None:
+        """A tensor's buffer: its data (role ""), its gradient ("grad") or an optimizer state (role: the state's
+        key, op: the optimizer), named "x", "x.grad", "x:adamw.m"."""
+        if backend.current().is_array(a):
+            name = f"{tensor}:{op}.{role}" if op else f"{tensor}.{role}" if role else tensor
+            self._track(a, category, self._origin(a, tensor, name, op, "", role, tensor, ""), action)
+
+    def _on_free(self, ref: _Ref) -> None:
+        """The buffer's owning array is being freed (its weak reference calls back)."""
+        buf = self._buffers.pop(ref.key, None)
         if buf is None:
             return
-        self.live[buf.category] -= buf.nbytes
+        self._live[buf.category] -= buf.nbytes
         self._total -= buf.nbytes
-        self.freed_total[buf.category] += buf.nbytes
-        self._emit("released", buf.nbytes, buf.category, buf.name, None, buf)
-        life = self._lifetimes.get(buf.id)
-        if life is not None:
-            life.released = self.step
+        self._freed[buf.category] += buf.nbytes
+        self._real[1] += buf.nbytes
+        self._emit(RELEASED, buf.nbytes, buf.category, buf.origin, buf.id)
+        if buf.life >= 0:
+            self._lives.released[buf.life] = self.step
+
+    def _saved_origin(self, a, key: str, name: str, op: str, scope: str, kept: str, role_of) -> int:
+        """The origin of array `key` kept for backward by op `name` (see _holder), named "op:key", or
+        "op[kept: why]:key" for what a policy kept."""
+        label = f"{name}[kept: {kept}]:{key}" if kept else f"{name}:{key}"
+        return self._origin(a, name, label, op, scope, role_of(key) if role_of else key, "", kept)
+
+    def _save(self, name: str, op: str, scope: str, kept: str, role_of, saved: dict, action: int = SAVED) -> None:
+        """Op `name` (a tape entry, or what a policy kept: see _holder) holds these arrays for backward from now."""
+        if action == SAVED and self._phase == RECOMPUTE:
+            action = RECOMPUTED
+        for key, a in saved.items():
+            if not backend.current().is_array(a):
+                continue
+            origin = self._saved_origin(a, key, name, op, scope, kept, role_of)
+            buf = self._track(a, ACTIVATION, origin, EXISTING if action == EXISTING else ALLOCATED)
+            buf.saves += 1
+            old = self._move(buf, self._category_of(buf))
+            self._emit(action, buf.nbytes, buf.category, origin, buf.id, old)
+            if buf.life < 0 and buf.category == ACTIVATION:
+                buf.life = self._lives.add(buf.id, buf.nbytes, origin, self.step)
 
     def on_save(self, holder, saved: dict) -> None:
         """`holder` (a tape entry, or what a checkpoint's policy kept) now holds these arrays for backward."""
-        self._save(_holder_name(holder), saved)
-
-    def _save(self, name: str, saved: dict, action: str = "saved") -> None:
-        if action == "saved" and self.current_phase == "recompute":
-            action = "recomputed"
-        for key, a in saved.items():
-            buf = self.track(a, "activation", f"{name}:{key}", "existing" if action == "existing" else "allocated")
-            if buf is None:
-                continue
-            buf.saves += 1
-            old = self._move(buf, self._category_of(buf))
-            self._emit(action, buf.nbytes, buf.category, f"{name}:{key}", a, buf, from_category=old)
-            if buf.id not in self._lifetimes and buf.category == "activation":
-                self._lifetimes[buf.id] = Lifetime(f"{name}:{key}", buf.nbytes, tuple(a.shape), str(a.dtype),
-                                                   buf.id, self.step)
+        self._save(*_holder(holder), saved)
 
     def on_release(self, holder, saved: dict) -> None:
         """The tape let go of these arrays (the entry's backward ran, or the tape was dropped)."""
-        name = _holder_name(holder)
+        fields = _holder(holder)
         be = backend.current()
         for key, a in saved.items():
             if not be.is_array(a):
@@ -343,14 +383,16 @@ class Ledger(Observer):
                 continue
             buf.saves -= 1
             old = self._move(buf, self._category_of(buf))
-            self._emit("unsaved", buf.nbytes, buf.category, f"{name}:{key}", a, buf, from_category=old)
+            self._emit(UNSAVED, buf.nbytes, buf.category, self._saved_origin(a, key, *fields), buf.id, old)
 
     # ---- the observer callbacks (observe.py) ------------------------------------------------------
-    def on_alloc(self, array, category: str, name: str) -> None:
-        self.track(array, category, name)
+    def on_alloc(self, array, category: str, tensor: str, role: str = "", op: str = "") -> None:
+        self._hold(array, _CATEGORY[category], tensor, role, op)
 
     def on_op_start(self, call) -> None:
         """An op begins (a checkpoint's begins before the ops of its segment, so its slice wraps theirs)."""
+        if self._phase_ended and not self._phases and call is not None:
+            self._next_iteration()
         traced = 0
         if self.trace_numpy and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
@@ -359,16 +401,19 @@ class Ledger(Observer):
 
     def on_op(self, call, outputs) -> None:
         """After an op's forward: count its FLOPs, its outputs and what it saved; enforce capacity."""
-        kind, name, ctx = call.fn.kind(), call.name, call.ctx
-        phase = self.current_phase
+        kind, name, scope, ctx = call.fn.kind(), call.name, call.scope, call.ctx
         transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
             transient = tracemalloc.get_traced_memory()[1] - self._starts[-1][2]
+        be = backend.current()
         for out in outputs if isinstance(outputs, tuple) else (outputs,):
-            self.track(getattr(out, "data", out), "other", name)
+            a = getattr(out, "data", out)
+            if be.is_array(a):
+                self._track(a, OTHER, self._origin(a, name, name, kind, scope, "output", "", ""))
         if call.entry is not None:
-            self._save(name, ctx.saved, action="restored" if getattr(call.given_by, "restores", False) else "saved")
-        self._record_op(kind, name, phase, ctx.flops[0], transient)
+            self._save(name, kind, scope, "", None, ctx.saved,
+                       RESTORED if getattr(call.given_by, "restores", False) else SAVED)
+        self._record_op(self._origin(None, name, name, kind, scope, "", "", ""), self._phase, ctx.flops[0], transient)
 
     def on_backward(self, entry) -> None:
         self._starts.append((time.perf_counter(), self._total, 0))
@@ -376,59 +421,118 @@ class Ledger(Observer):
         for a in entry.ctx.saved.values():
             if be.is_array(a):
                 buf = self._buffers.get(id(be.buffer(a)[0]))
-                life = self._lifetimes.get(buf.id) if buf is not None else None
-                if life is not None:
-                    if life.first_used is None:
-                        life.first_used = self.step
-                    life.last_used = self.step
+                if buf is not None and buf.life >= 0:
+                    self._lives.used(buf.life, self.step)
 
     def on_backward_done(self, entry, grad_ins) -> None:
         for i, (edge, g) in enumerate(zip(entry.inputs, grad_ins)):
-            if g is not None:  # named after the tensor it is the gradient of
-                self.track(g, "gradient", f"{edge_name(edge)}.grad" if edge is not None else f"{entry.name}.grad{i}")
-        self._record_op(entry.op, entry.name, "backward", entry.ctx.flops[1])
+            if g is None:
+                continue
+            if edge is not None:  # named after the tensor it is the gradient of
+                self._hold(g, GRADIENT, edge_name(edge), "grad", "")
+            else:  # an input that needs no gradient got one all the same
+                self._hold(g, GRADIENT, entry.name, f"grad{i}", "")
+        origin = self._origin(None, entry.name, entry.name, entry.op, entry.scope, "", "", "")
+        self._record_op(origin, BACKWARD, entry.ctx.flops[1])
 
     def on_update(self, kind: str, name: str, flops: int) -> None:
-        self._record_op(kind, name, self.current_phase, flops)
+        self._record_op(self._origin(None, name, name, kind, "", "", name, ""), self._phase, flops)
 
-    def _record_op(self, kind: str, name: str, phase: str, flops: int, transient: int = 0) -> None:
+    def _record_op(self, origin: int, phase: int, flops: int, transient: int = 0) -> None:
         """One op ran (a forward, a backward or an update): a step, its FLOPs, a trace slice; then the capacity."""
         t0, live_at_start, _ = self._starts.pop() if self._starts else (time.perf_counter(), self._total, 0)
         self.step += 1
-        self.flops_by_phase[phase] += flops
-        self._emit("op", 0, "", name, flops=flops)
-        self.ops.append({"name": name, "op": kind, "phase": phase, "step": self.step,
-                         "t0": t0 - self._t0, "t1": time.perf_counter() - self._t0, "flops": flops})
+        self.flops_by_phase[PHASES[phase]] += flops
+        log = self.events
+        log.op_seq.append(self.seq)
+        log.op_t0.append(t0 - self._t0)
+        log.op_flops.append(flops)
+        self._emit(OP, 0, NO_CATEGORY, origin, phase=phase)
         if self.trace_numpy and tracemalloc.is_tracing():
             self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
-        self._check_capacity(name, self._total - live_at_start)
+        self._check_capacity(origin, self._total - live_at_start)
 
-    def _check_capacity(self, name: str, request: int) -> None:
+    def _check_capacity(self, origin: int, request: int) -> None:
         total = self._total
         if self.capacity_bytes is None or total <= self.capacity_bytes:
             return
+        names = self.events.origins
         holders = sorted(self._buffers.values(), key=lambda b: -b.nbytes)[:5]
-        by_cat = ", ".join(f"{c} {format_bytes(self.live[c], digits=2)}" for c in CATEGORIES if self.live[c])
-        biggest = "; ".join(f"{b.name} ({b.category}, {format_bytes(b.nbytes, digits=2)})" for b in holders)
+        by_cat = ", ".join(f"{c} {format_bytes(self._live[i], digits=2)}" for i, c in enumerate(CATEGORIES)
+                           if self._live[i])
+        biggest = "; ".join(f"{names[b.origin].name} ({CATEGORIES[b.category]}, {format_bytes(b.nbytes, digits=2)})"
+                            for b in holders)
         would, added, capacity = (format_bytes(n, digits=2) for n in (total, request, self.capacity_bytes))
         raise OutOfMemoryError(
-            f"out of memory in '{name}' ({self.current_phase}): the engine would hold {would} "
+            f"out of memory in '{names[origin].name}' ({self.current_phase}): the engine would hold {would} "
             f"(this op added {added}) but the capacity is {capacity}. "
             f"Live by category: {by_cat}. Largest holders: {biggest}. "
             "Try activation checkpointing (tg.checkpoint / GPT(checkpoint='sqrt')), a smaller batch or "
             "sequence, or a larger capacity."
         )
 
+    # ---- training iterations (what a bounded ledger keeps) ------------------------------------
+    def _iteration_start(self) -> tuple:
+        """Where an iteration begins: (op step, event seq, FLOPs per phase so far)."""
+        return self.step, self.seq, list(self.flops_by_phase.values())
+
+    def _iteration_row(self) -> list:
+        """The iteration in progress as a row of IterationLog."""
+        step, seq, flops = self._iteration
+        return [step, self.step - step, self.seq - seq, *(now - then for now, then in zip(self.flops_by_phase.values(),
+                                                                                            flops)),
+                *self._live, *self._it_peak, self._it_peak_total]
+
+    def _next_iteration(self) -> None:
+        """The forward of a new training iteration begins: summarize the last one, drop the oldest if bounded."""
+        self._phase_ended = False
+        self._iterations.append(self._iteration_row())
+        self._peak = [max(a, b) for a, b in zip(self._peak, self._it_peak)]
+        self._peak_total = max(self._peak_total, self._it_peak_total)
+        self._iteration = self._iteration_start()
+        self._it_peak, self._it_peak_total = list(self._live), self._total
+        if self.keep_iterations is not None:
+            while len(self._iterations) + 1 - self._iterations.first_kept > self.keep_iterations:
+                self._drop_oldest()
+
+    def _drop_oldest(self) -> None:
+        """Forget the events, op slices, lifetimes, spans and NumPy traces of the oldest iteration still kept."""
+        old = self._iterations[self._iterations.first_kept]
+        self._iterations.first_kept += 1
+        self.events.drop(old.events, old.ops)
+        self._base_live = list(old.live.values())
+        self._base_flops += sum(old.flops.values())
+        end = old.first_step + old.ops  # the next iteration's first op is step end + 1; its saves are made at end
+        lives = self._lives
+        gone = (np.array(lives.created, dtype=np.int64) < end) & (np.array(lives.released, dtype=np.int64) >= 0)
+        if gone.any():
+            rows = lives.keep(~gone)
+            for buf in self._buffers.values():
+                if buf.life >= 0:
+                    buf.life = int(rows[buf.life])
+        self.spans = [s for s in self.spans if s["seq"] > self.events.first]
+        self.traced = [t for t in self.traced if t[0] > end]
+
+    def iterations(self) -> list[Iteration]:
+        """A summary of every training iteration so far, the one in progress last (events.Iteration): ops,
+        events, FLOPs per phase, bytes per category at its end and its peaks. An iteration begins with the first
+        forward op after a backward or optimizer phase (forward, backward, optimizer step, zero_grad)."""
+        return [*self._iterations, self._iterations.record(len(self._iterations), self._iteration_row())]
+
     # ---- queries ---------------------------------------------------------------------------
     def live_bytes(self, category: str | None = None) -> int:
         """Live bytes now, over all categories together or for one category."""
         one_of("live_bytes", "category", category, CATEGORIES, none="all categories")
-        return self._total if category is None else self.live[category]
+        return self._total if category is None else self._live[_CATEGORY[category]]
 
     def peak_bytes(self, category: str | None = None) -> int:
-        """Highest live bytes seen, over all categories together or for one category."""
+        """Highest live bytes seen, over all categories together or for one category (the whole run, also in a
+        bounded ledger)."""
         one_of("peak_bytes", "category", category, CATEGORIES, none="all categories")
-        return self.peak_total if category is None else self.peak[category]
+        if category is None:
+            return max(self._peak_total, self._it_peak_total)
+        c = _CATEGORY[category]
+        return max(self._peak[c], self._it_peak[c])
 
     def flops(self, phase: str | None = None) -> int:
         """FLOPs recorded: all phases, or one of "forward", "backward", "recompute", "optimizer"."""
@@ -436,38 +540,44 @@ class Ledger(Observer):
         return sum(self.flops_by_phase.values()) if phase is None else self.flops_by_phase[phase]
 
     def timeline(self) -> dict:
-        """Equal-length NumPy arrays, one entry per event: seq, step, cumulative flops, phase, the
-        live bytes of each category after the event, and their total."""
-        n = len(self.events)
-        out = {k: np.zeros(n, dtype=np.int64) for k in ("seq", "step", "flops", "total", *CATEGORIES)}
-        out["phase"] = np.empty(n, dtype=object)
-        out["time"] = np.zeros(n)
-        live = dict.fromkeys(CATEGORIES, 0)
-        flops = 0
-        for i, ev in enumerate(self.events):
-            if ev.allocates:
-                live[ev.category] += ev.nbytes
-            elif ev.action == "released":
-                live[ev.category] -= ev.nbytes
-            elif ev.from_category and ev.from_category != ev.category:
-                live[ev.from_category] -= ev.nbytes
-                live[ev.category] += ev.nbytes
-            flops += ev.flops
-            out["seq"][i], out["step"][i], out["flops"][i] = ev.seq, ev.step, flops
-            out["phase"][i], out["time"][i] = ev.phase, ev.time
-            for c in CATEGORIES:
-                out[c][i] = live[c]
-            out["total"][i] = sum(live.values())
+        """Equal-length NumPy arrays, one entry per event kept: seq, step, cumulative flops, phase, time, the
+        live bytes of each category after the event, and their total (exact in a bounded ledger too: counted
+        from the bytes held before its first kept event)."""
+        col = self.events.columns()
+        action, cat, src, nbytes = col["action"], col["category"], col["from_category"], col["nbytes"]
+        allocates = ((action == EXISTING) | (action == ALLOCATED)) & (src < 0)
+        released = (action == RELEASED) & ~allocates
+        moves = ~allocates & ~released & (src >= 0) & (src != cat)
+        out = {"seq": col["seq"], "step": col["step"]}
+        flops = np.zeros(len(action), dtype=np.int64)
+        flops[np.array(self.events.op_seq, dtype=np.int64) - self.events.first] = np.array(self.events.op_flops)
+        out["flops"] = self._base_flops + np.cumsum(flops)
+        total = np.zeros(len(action), dtype=np.int64)
+        for c, name in enumerate(CATEGORIES):
+            into, out_of = (allocates | moves) & (cat == c), (released & (cat == c)) | (moves & (src == c))
+            out[name] = self._base_live[c] + np.cumsum(np.where(into, nbytes, 0) - np.where(out_of, nbytes, 0))
+            total += out[name]
+        out["total"] = total
+        out["phase"] = np.array(PHASES, dtype=object)[col["phase"]]
+        out["time"] = col["time"]
         return out
+
+    def _op_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(step, phase code, FLOPs) of every op slice kept."""
+        log = self.events
+        codes = np.array(log.code, dtype=np.int64)[np.array(log.op_seq, dtype=np.int64) - log.first]
+        steps = np.arange(log.first_op + 1, log.first_op + 1 + len(codes), dtype=np.int64)
+        return steps, codes >> 4 & 15, np.array(log.op_flops, dtype=np.int64)
 
     def backward_passes(self) -> list[tuple[int, int]]:
         """(first step, last step) of each run of backward/recompute ops."""
+        steps, phases, _ = self._op_columns()
         runs, start, last = [], None, None
-        for op in self.ops:
-            if op["phase"] in ("backward", "recompute"):
+        for step, phase in zip(steps.tolist(), phases.tolist()):
+            if phase in (BACKWARD, RECOMPUTE):
                 if start is None:
-                    start = op["step"]
-                last = op["step"]
+                    start = step
+                last = step
             elif start is not None:
                 runs.append((start, last))
                 start = None
@@ -476,16 +586,21 @@ class Ledger(Observer):
         return runs
 
     def lifetimes(self) -> list[Lifetime]:
-        """Every buffer the tape saved: created, first/last used by backward, released, idle fraction."""
+        """Every buffer the tape saved (kept ones, in a bounded ledger): created, first/last used by backward,
+        released, idle fraction (in steps and in backward FLOPs)."""
         runs = self.backward_passes()
-        backward = [op for op in self.ops if op["phase"] == "backward"]
-        bw_steps = np.array([op["step"] for op in backward], dtype=np.int64)
-        bw_flops = np.cumsum([0] + [op["flops"] for op in backward])  # bw_flops[k]: FLOPs of the first k
+        steps, phases, op_flops = self._op_columns()
+        backward = phases == BACKWARD
+        bw_steps = steps[backward]
+        bw_flops = np.concatenate([[0], np.cumsum(op_flops[backward])])  # bw_flops[k]: FLOPs of the first k
 
         def flops_until(step):  # backward FLOPs of the steps <= step
             return int(bw_flops[np.searchsorted(bw_steps, step, side="right")])
 
-        for life in self._lifetimes.values():
+        out = []
+        for row in range(len(self._lives)):
+            life = self._lives.record(row, self.events.origins)
+            out.append(life)
             if life.first_used is None:
                 continue
             for start, end in runs:
@@ -496,13 +611,13 @@ class Ledger(Observer):
                     total = flops_until(end) - flops_until(start - 1)
                     life.idle_fraction_flops = done / total if total else None
                     break
-        return list(self._lifetimes.values())
+        return out
 
     def saved_breakdown(self, by: str = "layer", depth: int | None = None) -> dict:
         """Bytes saved for backward, each buffer counted once (under its first saver).
 
         by="layer": per layer (`layer_of`: "transformer.h.3", "transformer.ln_f", "cross_entropy");
-        by="module": per scoped module name ("transformer.h.3.mlp"; cut to `depth` dot-separated parts if
+        by="module": per module path ("transformer.h.3.mlp"; cut to `depth` dot-separated parts if
         given); by="op": per op kind; by="name": per saved array.
         """
         one_of("saved_breakdown", "by", by, ("layer", "module", "op", "name"))
@@ -511,95 +626,67 @@ class Ledger(Observer):
             raise kind(f"saved_breakdown: depth must be None or a positive int (dot-separated parts of the module "
                        f"name to keep), got {depth!r}")
         out: dict[str, int] = {}
-        for life in self._lifetimes.values():
-            op_name = life.name.split(":")[0]
-            if by == "name":
-                key = life.name
-            elif by == "layer":
-                key = layer_of(life.name)
-            elif by == "op":
-                key = op_name.rsplit(".", 1)[-1]
-            else:
-                parts = op_name.split(".")[:-1] or ["(top)"]
+        origins = self.events.origins
+        for origin, nbytes in zip(self._lives.origin, self._lives.nbytes):
+            o = origins[origin]
+            if by == "module":
+                parts = o.scope.split(".") if o.scope else ["(top)"]
                 key = ".".join(parts[:depth] if depth else parts)
-            out[key] = out.get(key, 0) + life.nbytes
+            else:
+                key = {"name": o.name, "layer": o.layer, "op": o.op}[by]
+            out[key] = out.get(key, 0) + nbytes
         return out
 
     def flops_by_layer(self, phase: str = "forward") -> dict:
-        """FLOPs of the ops of one phase, per layer (`layer_of` of the op's name)."""
+        """FLOPs of the ops of one phase, per layer (events.Origin.layer)."""
         one_of("flops_by_layer", "phase", phase, PHASES)
         out: dict[str, int] = {}
         for op in self.ops:
             if op["phase"] == phase:
-                key = layer_of(op["name"])
-                out[key] = out.get(key, 0) + op["flops"]
+                out[op["layer"]] = out.get(op["layer"], 0) + op["flops"]
         return out
 
     def summary(self) -> str:
-        """A fixed-width table: current / peak / allocated / freed bytes per category, and FLOPs.
+        """A fixed-width table: current / peak / allocated / freed bytes per category, and FLOPs (the whole run,
+        also in a bounded ledger).
 
         A buffer moving between categories (an output saved by the tape) leaves one and enters the
         other: it counts as freed there and allocated here. The total row counts real memory only.
         """
         rows = [f"{'category':<12}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
         rows.append("-" * len(rows[0]))
+
         def row(label, *values):
             return f"{label:<12}" + "".join(f"{format_bytes(v, digits=2):>14}" for v in values)
 
-        for c in CATEGORIES:
-            rows.append(row(c, self.live[c], self.peak[c], self.allocated_total[c], self.freed_total[c]))
+        for i, c in enumerate(CATEGORIES):
+            rows.append(row(c, self._live[i], self.peak_bytes(c), self._allocated[i], self._freed[i]))
         rows.append("-" * len(rows[0]))
-        real_alloc = sum(e.nbytes for e in self.events if e.allocates)
-        real_freed = sum(e.nbytes for e in self.events if e.action == "released")
-        rows.append(row("total", self.live_bytes(), self.peak_total, real_alloc, real_freed))
+        rows.append(row("total", self.live_bytes(), self.peak_bytes(), *self._real))
         rows.append("")
         rows.append("FLOPs  " + "  ".join(f"{p} {self.flops_by_phase[p]:.3e}" for p in PHASES))
-        rows.append(f"events {len(self.events)}  ops {len(self.ops)}  steps {self.step}")
+        rows.append(f"events {self.seq}  ops {self.step}  steps {self.step}")
+        if self.keep_iterations is not None:
+            rows.append(f"kept: the events of the last {self.keep_iterations} training iteration(s) of "
+                        f"{len(self._iterations) + 1}, {len(self.events)} events")
         return "\n".join(rows)
 
-    # ---- exports ---------------------------------------------------------------------------
+    # ---- exports (exports.py) ---------------------------------------------------------------------
     def to_chrome_trace(self, path=None) -> dict:
         """Chrome trace / Perfetto JSON: one slice ("X") per op and per phase run, nested as they ran (a
         checkpoint's slice wraps its segment's forward ops; a backward wraps each checkpoint's replay, which
         wraps the recomputed ops), and a counter track ("C") of the live bytes per category.
         Timestamps in microseconds since the ledger started."""
-        if path is not None:
-            _path("to_chrome_trace", path)
-        trace = [{"ph": "M", "pid": 1, "tid": 1, "name": "process_name", "args": {"name": "tinygrad_ckpt"}}]
-        for span in self.spans:
-            trace.append({"ph": "X", "pid": 1, "tid": 1, "name": span["name"], "cat": "phase",
-                          "ts": span["t0"] * 1e6, "dur": (span["t1"] - span["t0"]) * 1e6, "args": {}})
-        for op in self.ops:
-            trace.append({"ph": "X", "pid": 1, "tid": 1, "name": op["name"], "cat": op["phase"],
-                          "ts": op["t0"] * 1e6, "dur": (op["t1"] - op["t0"]) * 1e6,
-                          "args": {"op": op["op"], "flops": op["flops"], "step": op["step"]}})
-        tl = self.timeline()
-        for i, ev in enumerate(self.events):
-            if ev.action != "op":
-                trace.append({"ph": "C", "pid": 1, "tid": 1, "name": "memory", "ts": ev.time * 1e6,
-                              "args": {c: int(tl[c][i]) for c in CATEGORIES}})
-        doc = {"traceEvents": trace, "displayTimeUnit": "ms"}
-        if path is not None:
-            with open(path, "w") as f:
-                json.dump(doc, f)
-        return doc
+        return exports.chrome_trace(self, path)
 
     def to_csv(self, path) -> None:
         """Every event, one row each, under a header of the Event fields."""
-        names = list(Event.__slots__)
-        with open(_path("to_csv", path), "w", newline="") as f:
-            writer = csv.writer(f)
-            writer.writerow(names)
-            for ev in self.events:
-                writer.writerow([getattr(ev, k) for k in names])
+        exports.write_csv(self, path)
 
     def to_memory_viz(self, path=None) -> dict:
         """PyTorch's memory snapshot of what this ledger recorded (memory_viz.py): open the pickle at
         pytorch.org/memory_viz. Written with pickle protocol 4 when `path` is given; returns the dict."""
-        snap = memory_viz.snapshot(self.events)
-        if path is not None:
-            memory_viz.write(snap, _path("to_memory_viz", path))
-        return snap
+        return exports.memory_viz(self, path)
 
     def to_html(self, path, compare=None, labels=None, title: str | None = None) -> str:
         """One self-contained interactive page (explorer.py): memory over op steps by category, lifetimes of
@@ -608,46 +695,31 @@ class Ledger(Observer):
         compare: another Ledger, or a list of them, shown beside this one on one y axis (plain against
         checkpointed); labels: one per ledger (default "ledger 1", ...). Returns the path written.
         """
-        _path("to_html", path)  # every argument is checked before the file is opened
-        if title is not None and not isinstance(title, str):
-            raise TypeError(f"to_html: title must be a string (or None for the default), got {type(title).__name__}")
+        exports.check_path("to_html", path)  # every argument is checked before the file is opened
         others = [] if compare is None else list(compare) if isinstance(compare, (list, tuple)) else [compare]
         for i, other in enumerate(others):
             if not isinstance(other, Ledger):
                 raise TypeError(f"to_html: compare must be a Ledger or a list of Ledgers, got {type(other).__name__}"
                                 + (f" at position {i}" if isinstance(compare, (list, tuple)) else ""))
-        ledgers = [self, *others]
-        if labels is None:
-            labels = [f"ledger {i + 1}" for i in range(len(ledgers))] if others else ["ledger"]
-        labels = [labels] if isinstance(labels, str) else list(labels)
-        if len(labels) != len(ledgers) or not all(isinstance(label, str) for label in labels):
-            raise ValueError(f"to_html: labels must be {len(ledgers)} string(s), one per ledger (this one and "
-                             f"{len(others)} to compare), got {labels!r}")
-        runs = [explorer.run_data(label, led.events, led.ops, led.lifetimes(), led.timeline(), led.backward_passes())
-                for label, led in zip(labels, ledgers)]
-        return explorer.write_html(path, runs, explorer.DEFAULT_TITLE if title is None else title)
+        return exports.html(path, [self, *others], labels, title)
 
     def to_jsonl(self, path) -> None:
         """Every event as one JSON object per line."""
-        with open(_path("to_jsonl", path), "w") as f:
-            for ev in self.events:
-                f.write(json.dumps({k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(ev).items()}))
-                f.write("\n")
+        exports.write_jsonl(self, path)
 
 
-def _path(method: str, path):
-    """A file name, or TypeError naming the method: an int would be taken by open() as a file descriptor."""
-    if not isinstance(path, (str, os.PathLike)):
-        raise TypeError(f"{method}: path must be a file name (str or os.PathLike), got {type(path).__name__} "
-                        f"{path!r}")
-    return path
+def _subclasses(cls) -> list:
+    """cls and every class derived from it."""
+    return [cls, *(k for sub in cls.__subclasses__() for k in _subclasses(sub))]
 
 
-def _holder_name(holder) -> str:
-    """How events name what a holder keeps: a tape entry by its op's scoped name; an op a checkpoint's policy kept
-    by that name and the reason."""
+def _holder(holder) -> tuple:
+    """(name, op, scope, kept, role_of) of what holds saves: a tape entry, whose keys are the roles (kept "",
+    role_of None), or what a checkpoint's policy kept (a policies.KeptOp: kept is its reason, role_of its role())."""
     reason = getattr(holder, "reason", None)
-    return f"{holder.name}[kept: {reason}]" if reason is not None else holder.name
+    if reason is None:
+        return holder.name, holder.op, holder.scope, "", None
+    return holder.name, holder.op, holder.scope, reason or "kept by the policy", holder.role
 
 
 @functools.cache

@@ -19,6 +19,7 @@ import numpy as np
 
 from . import backend, nn, optim
 from .estimate import GPTShape
+from .events import within
 from .ledger import Ledger
 from .planner import LayerCost
 from .policies import korthikanti_selective
@@ -152,18 +153,18 @@ def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
         return led, time.perf_counter() - t0
 
 
-def saved_after_forward(led: Ledger, prefix: str = "") -> dict:
-    """{buffer id: its last forward event (name, nbytes, shape, dtype)} of the activations still held when the
-    first backward starts (what a forward keeps for backward: with a checkpoint, its inputs and what its policy
-    kept), for names starting with `prefix`."""
+def saved_after_forward(led: Ledger, module: str = "") -> dict:
+    """{buffer id: its last forward event (an Event)} of the activations still held when the first backward
+    starts (what a forward keeps for backward: with a checkpoint, its inputs and what its policy kept), saved
+    by ops in `module` or below it ("transformer.h.0": block 0; "transformer.h": every block; "": all)."""
     last = {}
     for e in led.events:
         if e.phase != "forward":
             break
         if e.buffer >= 0 and e.action != "op":
             last[e.buffer] = e
-    return {k: e for k, e in last.items()
-            if e.category == "activation" and e.action not in ("released", "freed") and e.name.startswith(prefix)}
+    return {k: e for k, e in last.items() if e.category == "activation" and e.action not in ("released", "freed")
+            and within(e.scope, module)}
 
 
 def layer_costs(plain: Ledger, every_layer: Ledger, layers: list[str], input_bytes: int) -> list[LayerCost]:

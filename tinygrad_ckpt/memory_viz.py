@@ -15,7 +15,8 @@ each buffer is placed first-fit in one segment, on 512-byte boundaries as CUDA's
 sizes are exact. A buffer's frames are its history, one per role it played, as memory_viz prints a stack:
 `category:op step:scoped name (action, phase)`, e.g. `activation:14:transformer.h.0.mlp.gelu:x (saved, forward)`.
 Its `category`, which memory_viz colors by, is the one it held longest. Empty (0-byte) buffers are left
-out. Written with pickle protocol 4: memory_viz's JavaScript unpickler refuses 5.
+out, and so are the buffers a bounded ledger (keep_iterations) saw allocated before the events it kept.
+Written with pickle protocol 4: memory_viz's JavaScript unpickler refuses 5.
 """
 
 from __future__ import annotations
@@ -94,7 +95,9 @@ def snapshot(events) -> dict:
             buf = held[ev.buffer] = _Held(ev, space.alloc(ev.nbytes), index)
             trace.append(buf.alloc)
         elif ev.action == "released":
-            buf = held.pop(ev.buffer)
+            buf = held.pop(ev.buffer, None)
+            if buf is None:  # allocated before the first event a bounded ledger kept
+                continue
             buf.frames.append(_frame(ev))
             buf.become(ev.category, index)
             space.free(buf.offset, buf.nbytes)

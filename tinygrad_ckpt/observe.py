@@ -4,9 +4,11 @@ Each thread has a list of observers (`state.local.observers`, newest last); `obs
 a `with` block. The core calls these methods on every observer of the thread, newest first, and does
 nothing else for them:
 
-    on_alloc(array, category, name)       the engine now holds this buffer: a tensor made by the user
-                                          ("other" or "parameter"), a .grad or a summed gradient
-                                          ("gradient"), an optimizer state ("optimizer")
+    on_alloc(array, category, tensor, role, op)
+                                          the engine now holds this buffer for the tensor named `tensor`: its
+                                          data (role ""; category "other" or "parameter"), its .grad or a
+                                          summed gradient (role "grad"; "gradient"), or an optimizer state
+                                          (role: the state's key "m", op: the optimizer "adamw"; "optimizer")
     on_op_start(call)                     an op is about to run; `call` (function.OpCall) says which, on
                                           what, under which name. An observer may set `call.record =
                                           False` (no tape entry: a segment's first forward) or give the op's
@@ -17,8 +19,9 @@ nothing else for them:
                                           recorded), `call.ctx.flops` its cost; may raise (a capacity exceeded)
     on_save(holder, arrays) / on_release(holder, arrays)
                                           arrays kept for backward from now / no longer, by a tape entry or
-                                          another holder with the same fields (op, name): an entry's backward
-                                          ran, its graph was dropped, a policy kept an op's saves
+                                          another holder with the same fields (op, name, scope): an entry's
+                                          backward ran, its graph was dropped, a policy kept an op's saves (a
+                                          policies.KeptOp also has `reason` and `role(key)`)
     on_backward(entry)                    entry's backward is about to run (pdb stops here: tg.debug)
     on_backward_done(entry, grad_ins)     it ran; `grad_ins` are the gradients it produced; may raise
     on_update(kind, name, flops)          an update outside the tape ran (an optimizer step on parameter
@@ -39,7 +42,7 @@ from . import state
 
 
 class Observer:
-    def on_alloc(self, array, category: str, name: str) -> None: ...
+    def on_alloc(self, array, category: str, tensor: str, role: str = "", op: str = "") -> None: ...
 
     def on_op_start(self, call) -> None: ...
 
@@ -118,10 +121,10 @@ def span(label: str):
             o.end_span(label)
 
 
-def alloc(array, category: str, name: str) -> None:
-    """Tell this thread's observers that the engine now holds `array`."""
+def alloc(array, category: str, tensor: str, role: str = "", op: str = "") -> None:
+    """Tell this thread's observers that the engine now holds `array`, in `role` for tensor `tensor`."""
     for o in observers():
-        o.on_alloc(array, category, name)
+        o.on_alloc(array, category, tensor, role, op)
 
 
 def saved(holder, arrays: dict) -> None:

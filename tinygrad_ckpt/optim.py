@@ -113,9 +113,10 @@ class Optimizer:
             for p in self.params:
                 p.grad = None
 
-    def state_name(self, p, key: str) -> str:
-        """How the ledger names state `key` of parameter p: "transformer.wte.weight:adamw.m"."""
-        return f"{p.name or 'param'}:{type(self).__name__.lower()}.{key}"
+    @property
+    def kind(self) -> str:
+        """The optimizer's name on its update slices and states in the ledger: "adamw", "sgd"."""
+        return type(self).__name__.lower()
 
     def flops_per_element(self) -> int:
         """Arithmetic operations `update` spends on one element of a parameter."""
@@ -137,7 +138,7 @@ class Optimizer:
             if self.master_weights:
                 st["master"] = p.data.astype(np.float32)
             for k, a in st.items():
-                observe.alloc(a, "optimizer", self.state_name(p, k))
+                observe.alloc(a, "optimizer", p.name or "param", k, self.kind)
             self.state[id(p)] = st
         return st
 
@@ -150,7 +151,7 @@ class Optimizer:
         main thread), so every parameter gets its whole update first: a checkpoint saved in the handler is whole."""
         with _sigint_held(), observe.phase("optimizer"):
             self.step_count += 1
-            kind, flops = type(self).__name__.lower(), self.flops_per_element()
+            kind, flops = self.kind, self.flops_per_element()
             for p in self.params:
                 if p.grad is not None:
                     with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size):

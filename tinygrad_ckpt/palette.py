@@ -1,6 +1,5 @@
-"""What things look like in every view, and which layer a name belongs to: shared by the matplotlib
-figures (plots.py) and the HTML explorer (explorer.py), so a category, a phase or a lifetime stage
-has one color everywhere. Imports nothing."""
+"""What things look like in every view: shared by the matplotlib figures (plots.py) and the HTML explorer
+(explorer.py), so a category, a phase or a lifetime stage has one color everywhere. Imports nothing."""
 
 CATEGORY_COLORS = {
     "parameter": "#4C72B0",
@@ -31,16 +30,3 @@ LIFETIME_LABELS = {
     "held": "still referenced at the end",
 }
 
-
-def layer_of(name: str) -> str:
-    """The layer an op or a saved buffer belongs to: its path up to the first index, or else its module.
-
-    'transformer.h.3.mlp.gelu:x' -> 'transformer.h.3', 'transformer.h.0-3.checkpoint' -> 'transformer.h.0-3',
-    'transformer.ln_f.layer_norm:rstd' -> 'transformer.ln_f', and an op outside any module names
-    itself: 'cross_entropy:logits' -> 'cross_entropy'.
-    """
-    parts = name.split(":")[0].split(".")
-    for i, part in enumerate(parts):
-        if part[:1].isdigit():
-            return ".".join(parts[:i + 1])
-    return ".".join(parts[:-1]) or parts[0]

@@ -30,7 +30,6 @@ from .palette import (
     LIFETIME_LABELS,
     PHASE_COLORS,
     RECOMPUTE_MARK,
-    layer_of,
 )
 from .units import format_bytes
 
@@ -238,21 +237,16 @@ def plot_timelines_side_by_side(leds, titles, path=None, x: str = "event", supti
 
 # ---------------------------------------------------------------- lifetimes
 
-def op_of(name: str) -> str:
-    """The op kind of a saved buffer: 'h.3.mlp.gelu:x' -> 'gelu'."""
-    return name.split(":")[0].rsplit(".", 1)[-1]
-
-
 def lifetime_rows(led, by: str = "layer") -> list[dict]:
-    """Rows for plot_lifetimes: name, nbytes, created, first_used, last_used, released (steps; None
+    """Rows for plot_lifetimes: name, layer, nbytes, created, first_used, last_used, released (steps; None
     where it never happened), in forward order. by="layer" merges a layer's buffers, "buffer" keeps them."""
     rows: dict[str, dict] = {}
     for life in sorted(led.lifetimes(), key=lambda lf: (lf.created, lf.buffer)):
-        key = layer_of(life.name) if by == "layer" else life.name
+        key = life.layer if by == "layer" else life.name
         r = rows.get(key)
         if r is None:
-            rows[key] = dict(name=key, nbytes=life.nbytes, created=life.created, first_used=life.first_used,
-                             last_used=life.last_used, released=life.released, count=1)
+            rows[key] = dict(name=key, layer=life.layer, nbytes=life.nbytes, created=life.created,
+                             first_used=life.first_used, last_used=life.last_used, released=life.released, count=1)
             continue
         r["nbytes"] += life.nbytes
         r["count"] += 1
@@ -333,9 +327,8 @@ def saved_by_layer_and_op(led) -> dict[str, dict[str, int]]:
     """{layer: {op kind: bytes}} of everything the tape saved (each buffer once, under its first saver)."""
     out: dict[str, dict[str, int]] = {}
     for life in sorted(led.lifetimes(), key=lambda lf: (lf.created, lf.buffer)):
-        per_op = out.setdefault(layer_of(life.name), {})
-        op = op_of(life.name)
-        per_op[op] = per_op.get(op, 0) + life.nbytes
+        per_op = out.setdefault(life.layer, {})
+        per_op[life.op] = per_op.get(life.op, 0) + life.nbytes
     return out
 
 

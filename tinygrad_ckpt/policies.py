@@ -165,18 +165,24 @@ def as_policy(policy) -> Policy | None:
 # ---- the feature: keep in the forward, serve in the replay -----------------------------------------------
 @dataclass
 class KeptOp:
-    """An op the policy kept: its name and kind (how the ledger names what it holds), why, and how to serve it
-    in the replay: per output a key into the kept arrays (or a stand-in, for an output no recomputed op reads),
-    per save a key or ("input", j) for the op's j-th input, and the plain values its Context held."""
+    """An op the policy kept: its name, kind and module path (what the ledger says of what it holds), why, and
+    how to serve it in the replay: per output a key into the kept arrays (or a stand-in, for an output no
+    recomputed op reads), per save a key or ("input", j) for the op's j-th input, and the plain values its
+    Context held."""
 
     index: int  # the op's place in the segment
     op: str
     name: str
+    scope: str
     reason: str
     outputs: list
     saves: dict
     was_tuple: bool
     attributes: dict
+
+    def role(self, key: str) -> str:
+        """What kept array `key` is to the op: one of its outputs ("output") or the save of that name."""
+        return "output" if key in self.outputs else next(role for role, k in self.saves.items() if k == key)
 
 
 class KeepByPolicy(SegmentObserver):
@@ -218,7 +224,7 @@ class KeepByPolicy(SegmentObserver):
             keys.append(f"kept{self.index}.out{i}")
             arrays[keys[-1]] = getattr(o, "data", o)
             self.outputs[id(arrays[keys[-1]])] = keys[-1]
-        self.kept[self.index] = KeptOp(self.index, call.kind, call.name, decision.reason, keys, saves,
+        self.kept[self.index] = KeptOp(self.index, call.kind, call.name, call.scope, decision.reason, keys, saves,
                                      isinstance(outputs, tuple), ctx.attributes())
         self.arrays.update(arrays)
         observe.saved(self.kept[self.index], arrays)
@@ -234,8 +240,8 @@ class KeepByPolicy(SegmentObserver):
             for i, key in enumerate(kept.outputs):
                 a = self.arrays[key]
                 if key not in self.read and all(a is not s for s in own_saves):
-                    kept.outputs[i] = (tuple(a.shape), a.dtype)
                     observe.released(kept, {key: self.arrays.pop(key)})
+                    kept.outputs[i] = (tuple(a.shape), a.dtype)
         self.outputs.clear()
         return self.arrays
 

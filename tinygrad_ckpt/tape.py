@@ -26,13 +26,14 @@ from .units import format_bytes
 
 
 class TapeEntry:
-    """One recorded op: what ran, under which name, reading which tensors, and what it saved."""
+    """One recorded op: what ran, under which name (and module path), reading which tensors, and what it saved."""
 
-    __slots__ = ("seq", "op", "name", "fn", "ctx", "inputs", "in_meta", "out_meta", "released", "__weakref__")
+    __slots__ = ("seq", "op", "name", "scope", "fn", "ctx", "inputs", "in_meta", "out_meta", "released",
+                 "__weakref__")
 
-    def __init__(self, fn, name: str, ctx, inputs: tuple, in_meta: tuple, out_meta: tuple):
+    def __init__(self, fn, name: str, scope: str, ctx, inputs: tuple, in_meta: tuple, out_meta: tuple):
         self.seq = state.next_sequence()  # recording order, across all graphs
-        self.op, self.name, self.fn, self.ctx = fn.kind(), name, fn, ctx
+        self.op, self.name, self.scope, self.fn, self.ctx = fn.kind(), name, scope, fn, ctx  # scope: the module path
         self.inputs = inputs  # per input: (entry, output index) | weakref to a leaf | None
         self.in_meta, self.out_meta = in_meta, out_meta  # (shape, dtype) per input / output
         self.released = False  # True once backward consumed the saves
@@ -313,6 +314,6 @@ class _Gradients:
             total += g
             return
         total = total + g
-        observe.alloc(total, "gradient", f"{edge_name(key)}.grad")
+        observe.alloc(total, "gradient", edge_name(key), "grad")
         where[key] = total
         self.owned.add(id(total))

@@ -84,7 +84,7 @@ class Tensor:
             if tuple(value.shape) != self.shape or value.dtype != self.dtype:
                 raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} {self.dtype}, got "
                                  f"{list(value.shape)} {value.dtype}.")
-            observe.alloc(value, "gradient", f"{label}.grad")
+            observe.alloc(value, "gradient", label, "grad")
         self._grad = value
 
     @property
@@ -139,7 +139,7 @@ class Tensor:
         """self.grad += g, as PyTorch's AccumulateGrad: the first gradient becomes `.grad` (backward hands over
         an array it made and no one else holds: tape._Gradients decides), later ones add into it in place."""
         if self._grad is None:
-            observe.alloc(g, "gradient", f"{self.name or 'tensor'}.grad")
+            observe.alloc(g, "gradient", self.name or "tensor", "grad")
             self._grad = g
         else:
             self._grad += g
