@@ -205,8 +205,9 @@ def assumptions(shape, name: str | None = None) -> list[str]:
     if getattr(shape, "n_experts", 0):
         k, e, tokens = shape.experts_per_token, shape.n_experts, shape.batch * shape.seq_len
         out.append(f"routing: the meta backend has no values to route by, so each expert takes a balanced share, "
-                   f"B·T·k/E = {tokens}·{k}/{e} = {tokens * k / e:g} tokens per layer (a real router is uneven, and "
-                   "its busiest expert's activations are larger)")
+                   f"B·T·k/E = {tokens}·{k}/{e} = {tokens * k / e:g} tokens per layer (a real router is uneven: the "
+                   "experts' saves still add up to the same B·T·k rows, but the busiest expert's batch, temporaries "
+                   "and compute are larger)")
     return out
 
 
