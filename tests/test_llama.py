@@ -284,6 +284,18 @@ def _activation_names(model, idx, targets):
     return led
 
 
+def test_the_explorer_names_saves_by_module_path(tmp_path):
+    idx, targets = batch()
+    led = _activation_names(make("moe", np.float32), idx, targets)
+    page = (tmp_path / "llama.html")
+    led.to_html(str(page))
+    text = page.read_text()
+    for name in ("model.layers.1.block_sparse_moe.experts.2.act_fn.silu:x", "model.layers.0.self_attn.rotary:table",
+                 "model.layers.2.post_attention_layernorm.rms_norm:rstd"):
+        assert name in text, name
+    assert set(led.saved_breakdown(by="layer")) >= {"model.layers.0", "model.layers.1", "model.layers.2"}
+
+
 def test_the_rotary_table_is_one_buffer_for_the_model():
     idx, targets = batch()
     led = _activation_names(make("dense", np.float32), idx, targets)
