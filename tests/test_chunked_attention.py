@@ -167,7 +167,7 @@ def test_bad_arguments_are_named(kwargs, match, rng):
 @pytest.mark.parametrize("shapes, match", [
     ([(1, 2, 4, 3), (1, 2, 4, 5), (1, 2, 4, 3)], r"q \[1, 2, 4, 3\], k \[1, 2, 4, 5\].* and head_dim"),
     ([(1, 2, 4, 3), (1, 2, 4, 3), (1, 2, 6, 3)], r"k and v the same leading axes and length"),
-    ([(1, 3, 4, 3), (1, 2, 4, 3), (1, 2, 4, 3)], r"same leading axes"),
+    ([(1, 3, 4, 3), (1, 2, 4, 3), (1, 2, 4, 3)], r"q has 3 heads, k 2 and v 2: .*pass enable_gqa=True"),
     ([(1, 2, 6, 3), (1, 2, 4, 3), (1, 2, 4, 3)], r"more queries than keys .* first 2 queries with no key"),
     ([(2, 4, 3), (2, 4, 3), (2, 4, 3)], r"q must be \[B, H, T, head_dim\], got \[2, 4, 3\]"),
 ])
@@ -175,6 +175,13 @@ def test_bad_shapes_are_named(shapes, match, rng):
     q, k, v = (tg.Tensor(rng.standard_normal(s)) for s in shapes)
     with pytest.raises(ValueError, match=match):
         F.scaled_dot_product_attention(q, k, v, impl="chunked")
+
+
+def test_grouped_heads_must_divide(rng):
+    q, k = tg.Tensor(rng.standard_normal((1, 3, 4, 2))), tg.Tensor(rng.standard_normal((1, 2, 4, 2)))
+    for impl in ("explicit", "chunked"):
+        with pytest.raises(ValueError, match=r"q has 3 heads, k 2 and v 2: k and v need one head count that divides"):
+            F.scaled_dot_product_attention(q, k, k, impl=impl, enable_gqa=True)
 
 
 def test_modules_refuse_an_unknown_attention():

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, nn, optim
+from tinygrad_ckpt import backend, nn, ops, optim
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt.backend.meta import MetaArray, MetaBackend, MetaScalar, NoDataError, _is_c_contiguous
 from tinygrad_ckpt.backend.meta import xp as mx
@@ -412,6 +412,10 @@ def _every_op(backend_name):
     ids = be.asarray(data.integers(0, 2, (3,)))
     with tg.Ledger() as led:
         x, y, w, q, logits = leaf(2, 3, 4), leaf(4), leaf(5, 4), leaf(1, 2, 3, 4), leaf(6, 5)
+        kv, kv4 = leaf(1, 2, 3, 4), leaf(1, 4, 3, 4)
+        routed = F.topk_routing(logits, 2, ops.moe.balanced_indices(6, 2, 5))
+        picks = ops.moe.expert_picks(routed[1].data, 5)
+        dispatched = F.moe_dispatch(x.reshape(6, 4), picks, 2)
         outs = [x + y, x - y, 1.0 - x, x * y, x * 0.5, x / y, 2.0 / x, -x, x ** 2, x ** 0.5, x.exp(), x.log(),
                 x.tanh(), x.sum(), x.sum(axis=(0, 2), keepdims=True), x.mean(axis=-1), x.max(), x.max(axis=1),
                 x.max(axis=2, keepdims=True), x.reshape(6, 4), x.permute(2, 0, 1), x.swapaxes(0, 2), x.T, x[0, 1:],
@@ -420,7 +424,16 @@ def _every_op(backend_name):
                 F.layer_norm(x, y, y), F.dropout(x, 0.5), F.embedding(be.asarray(data.integers(0, 5, (2, 3))), w),
                 F.scaled_dot_product_attention(q, q, q, dropout_p=0.1),
                 F.cross_entropy(logits, be.asarray(data.integers(0, 5, (6,)))),
-                F.cross_entropy(logits, be.asarray(data.integers(-1, 5, (6,))), ignore_index=-1)]
+                F.cross_entropy(logits, be.asarray(data.integers(-1, 5, (6,))), ignore_index=-1),
+                # the Llama family's ops (routing as the meta backend assumes it: balanced, so shapes agree)
+                x.sqrt(), x.rsqrt(), x.sigmoid(), x.relu(), F.silu(x), F.rms_norm(x, y), F.cat([x, x[:, :1]], dim=1),
+                F.stack([x, x], dim=-1), F.rotary_embedding(q, ops.rotary.rotary_table(4, 5)),
+                F.rotary_embedding(q, ops.rotary.rotary_table(4, 5), be.asarray(np.array([[0, 2, 4]]))),
+                F.scaled_dot_product_attention(kv4, kv[:, :1], kv[:, :1], enable_gqa=True),
+                F.scaled_dot_product_attention(kv4, kv[:, :1], kv[:, :1], enable_gqa=True, impl="chunked",
+                                               block_size=2),
+                routed[0], F.moe_combine(F.topk_routing(logits, 2, ops.moe.balanced_indices(6, 2, 5))[0],
+                                         [e * 2.0 for e in dispatched], picks)]
         for out in outs:
             out.sum().backward()
         del outs, out

@@ -303,6 +303,114 @@ def _torch_attention(t, q, k, v, causal, block_size=None):
     return t.softmax(scores, dim=-1) @ v
 
 
+def gqa_attention_args(d, chunked):
+    """attention_args with k and v of fewer heads: a divisor of q's (grouped-query; 1 head: multi-query)."""
+    shapes, consts = attention_args(d, chunked)
+    (b, _, tq, dim), (_, _, tk, _), (_, _, _, dv) = shapes
+    kv = d(st.integers(1, 2))
+    h = kv * d(st.integers(2, 3))
+    return [(b, h, tq, dim), (b, kv, tk, dim), (b, kv, tk, dv)], consts
+
+
+def _sdpa_gqa(q, k, v, causal, block_size=None):
+    impl = {} if block_size is None else {"impl": "chunked", "block_size": block_size}
+    return F.scaled_dot_product_attention(q, k, v, causal=causal, enable_gqa=True, **impl)
+
+
+def _torch_attention_gqa(t, q, k, v, causal, block_size=None):
+    group = q.shape[1] // k.shape[1]  # query head h attends with key/value head h // group, as PyTorch's enable_gqa
+    return _torch_attention(t, q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), causal)
+
+
+def rms_norm_args(d):
+    s = shape(d)
+    return [s, (s[-1] if s else 1,)], {"eps": d(st.sampled_from([1e-5, 0.1]))}
+
+
+def rotary_args(d):
+    """x [..., T, D] (D even) and a table [2, P, D] with P >= T; now and then positions [T] (or [B, T])."""
+    lead = shape(d, max_dims=2, min_side=1)
+    t, dim = d(st.integers(0, 4)), 2 * d(st.integers(0, 3))
+    positions = d(st.integers(t, t + 3))
+    consts = {}
+    if d(st.booleans()):
+        rows = (lead[0], t) if len(lead) == 2 and d(st.booleans()) else (t,)
+        consts["positions"] = d(hnp.arrays(np.int64, rows, elements=st.integers(0, positions - 1))) if positions \
+            else np.zeros(rows, np.int64)
+    return [lead + (t, dim), (2, positions, dim)], consts
+
+
+def _torch_rotary(t, x, table, positions=None):
+    cos, sin = table.detach()[0], table.detach()[1]  # the table is a constant: no gradient reaches it
+    if positions is not None:
+        cos, sin = cos[positions], sin[positions]
+        if positions.ndim == 2:
+            cos, sin = cos[:, None], sin[:, None]
+    else:
+        cos, sin = cos[:x.shape[-2]], sin[:x.shape[-2]]
+    half = x.shape[-1] // 2
+    return x * cos + t.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def several(d, n=2, stacked=False):
+    """n tensors that fit together along an axis (or, for stack, of one shape); now and then ones that do not. (No
+    1-d base of length 0: PyTorch's cat skips such tensors whatever their shape, a legacy rule not copied here.)"""
+    base = list(shape(d, max_dims=3, min_side=1 if not stacked else 0))
+    k = axis(d, base) if base else 0
+    shapes = []
+    for _ in range(n):
+        s = list(base)
+        if s and not stacked and -len(s) <= k < len(s):
+            s[k] = d(st.integers(0, 3))
+        shapes.append(tuple(s))
+    if n > 1 and base and d(st.integers(0, 7)) == 0:
+        shapes[-1] = shapes[-1][:-1] + (shapes[-1][-1] + 1,)  # does not fit: both raise
+    if stacked:
+        k = d(st.sampled_from(list(range(-len(base) - 1, len(base) + 1)) + [len(base) + 1]))
+    return shapes, {"dim": k}
+
+
+def _cat(*tensors, dim):
+    return F.cat(list(tensors), dim=dim)
+
+
+def _stack(*tensors, dim):
+    return F.stack(list(tensors), dim=dim)
+
+
+def routing_args(d):
+    n, e = d(st.integers(0, 4)), d(st.integers(1, 4))
+    return [(n, e)], {"k": d(st.integers(1, e + (d(st.integers(0, 7)) == 0)))}  # k > experts: both raise
+
+
+def _torch_routing(t, logits, k):
+    weights, indices = t.topk(t.softmax(logits, dim=-1), k, dim=-1)
+    return weights / weights.sum(dim=-1, keepdim=True), indices
+
+
+def moe_args(d):
+    n, e, dim = d(st.integers(0, 5)), d(st.integers(1, 4)), d(st.integers(1, 3))
+    return [(n, dim), (n, e)], {"k": d(st.integers(1, e))}
+
+
+def _moe(x, logits, k):
+    """Route, dispatch, a different function per expert (tanh(x)·(e + 1)), combine."""
+    weights, indices = F.topk_routing(logits, k)
+    picks = ops.moe.expert_picks(indices.data, logits.shape[1])
+    outputs = [xe.tanh() * (e + 1.0) for e, xe in enumerate(F.moe_dispatch(x, picks, k))]
+    return F.moe_combine(weights, outputs, picks)
+
+
+def _torch_moe(t, x, logits, k):
+    weights, chosen = t.topk(t.softmax(logits, dim=-1), k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    out = t.zeros_like(x)
+    for e in range(logits.shape[1]):
+        token, slot = t.where(chosen == e)
+        out = out.index_add(0, token, x[token].tanh() * (e + 1.0) * weights[token, slot, None])
+    return out
+
+
 def _fixed_dropout(x, p):
     tg.set_rng_state((5, 0))  # one mask on every call, so central differences see one function
     return F.dropout(x, p, training=True)
@@ -489,6 +597,44 @@ ROWS = [
     Row("attention_chunked_dropout", _fixed_chunked_dropout, None, functools.partial(attention_args, chunked=True),
         [([(1, 2, 5, 3)] * 3, {"causal": True, "block_size": 2})], ("scaled_dot_product_attention",),
         edges=frozenset()),
+    # ---- the Llama family's ops
+    Row("sqrt", lambda a: a.sqrt(), lambda t, a: a.sqrt(), unary, [([(3, 4)], {})], ("sqrt",), "positive", INTS),
+    Row("rsqrt", lambda a: a.rsqrt(), lambda t, a: a.rsqrt(), unary, [([(3, 4)], {})], ("rsqrt",), "positive", INTS),
+    Row("sigmoid", lambda a: (a.sigmoid(), F.sigmoid(a)), lambda t, a: (a.sigmoid(), a.sigmoid()), unary,
+        [([(3, 4)], {})], ("sigmoid",), mixes=INTS),
+    Row("relu", lambda a: (a.relu(), F.relu(a)), lambda t, a: (a.relu(), a.relu()), unary, [([(3, 4)], {})],
+        ("relu",), mixes=INTS),
+    Row("silu", lambda a: F.silu(a), lambda t, a: t.nn.functional.silu(a), unary, [([(3, 7)], {})], ("silu",),
+        mixes=INTS),
+    Row("rms_norm", lambda x, w, eps: F.rms_norm(x, w, eps=eps),
+        lambda t, x, w, eps: t.nn.functional.rms_norm(x, x.shape[-1:], w, eps=eps), rms_norm_args,
+        [([(2, 3, 6), (6,)], {"eps": 1e-5}), ([(4, 5), (5,)], {"eps": 0.1})], ("rms_norm",)),
+    Row("rotary", lambda x, table, positions=None: F.rotary_embedding(x, table, positions), _torch_rotary,
+        rotary_args, [([(2, 3, 5, 4), (2, 6, 4)], {}), ([(2, 2, 3, 6), (2, 4, 6)], {"positions": np.array([3, 0, 2])}),
+                      ([(2, 2, 3, 6), (2, 4, 6)], {"positions": np.array([[1, 2, 3], [0, 0, 1]])})],
+        ("rotary_embedding",), edges=frozenset({"empty", "non-contiguous"}), constants=(1,)),
+    Row("cat", _cat, lambda t, *a, dim: t.cat(a, dim=dim), several,
+        [([(2, 3), (2, 1)], {"dim": 1}), ([(1, 3, 2), (2, 3, 2)], {"dim": 0}), ([(3,), (2,)], {"dim": -1})],
+        ("cat",), mixes=BINARY_MIXES, edges=EDGES - {"0-d"}),
+    Row("cat_three", _cat, lambda t, *a, dim: t.cat(a, dim=dim), functools.partial(several, n=3),
+        [([(2, 3), (2, 1), (2, 4)], {"dim": -1}), ([(1,), (2,), (3,)], {"dim": 0})], ("cat",), edges=EDGES - {"0-d"}),
+    Row("stack", _stack, lambda t, *a, dim: t.stack(a, dim=dim), functools.partial(several, stacked=True),
+        [([(2, 3), (2, 3)], {"dim": 1}), ([(3,), (3,)], {"dim": 0}), ([(2, 3), (2, 3)], {"dim": -1})],
+        ("stack",), mixes=BINARY_MIXES, edges=EDGES),
+    Row("attention_gqa", _sdpa_gqa, _torch_attention_gqa, functools.partial(gqa_attention_args, chunked=False),
+        [([(2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)], {"causal": True}),
+         ([(1, 3, 4, 3), (1, 1, 4, 3), (1, 1, 4, 2)], {"causal": False})], ("scaled_dot_product_attention",),
+        edges=frozenset({"empty", "non-contiguous"})),
+    Row("attention_chunked_gqa", _sdpa_gqa, _torch_attention_gqa, functools.partial(gqa_attention_args, chunked=True),
+        [([(2, 4, 5, 4), (2, 2, 5, 4), (2, 2, 5, 4)], {"causal": True, "block_size": 2}),
+         ([(1, 3, 4, 3), (1, 1, 6, 3), (1, 1, 6, 2)], {"causal": True, "block_size": 4})],
+        ("scaled_dot_product_attention",), edges=frozenset({"empty", "non-contiguous"})),
+    Row("topk_routing", lambda logits, k: F.topk_routing(logits, k), _torch_routing, routing_args,
+        [([(6, 4)], {"k": 2}), ([(3, 5)], {"k": 1}), ([(4, 3)], {"k": 3})], ("topk_routing",), floats=False,
+        mixes=[(f32,)], edges=EDGES - {"0-d"}),
+    Row("moe", _moe, _torch_moe, moe_args, [([(6, 3), (6, 4)], {"k": 2}), ([(5, 2), (5, 3)], {"k": 1})],
+        ("moe_dispatch", "moe_combine", "topk_routing"), floats=False, mixes=[(f32, f32)],
+        edges=EDGES - {"0-d"}),
     Row("dropout", _fixed_dropout, None, lambda d: ([shape(d)], {"p": d(st.sampled_from([0.0, 0.3, 0.9]))}),
         [([(4, 6)], {"p": 0.3})], ("dropout",), edges=frozenset()),
     Row("causal_mask", lambda tq, tk: tg.Tensor(F.causal_mask(tq, tk)),
@@ -503,6 +649,7 @@ for _row in ROWS:
     if _row.name in {"add", "sub", "mul", "div", "compare", "ndarray_add", "ndarray_sub", "ndarray_mul", "ndarray_div",
                      "ndarray_compare", "sum", "mean", "max", "view", "permute", "transpose", "swapaxes", "getitem",
                      "getitem_array", "split", "matmul", "ndarray_matmul", "add_", "sub_", "mul_", "copy_", "softmax",
+                     "rms_norm", "cat", "cat_three", "stack", "topk_routing",
                      "log_softmax", "layer_norm", "linear", "linear_no_bias", "embedding"}:
         _row.edges = _row.edges | {"refused"}
 

@@ -12,12 +12,17 @@ Sources, cited in comments as [tag]:
 * [Adam]  Adam/AdamW keep two fp32 moments per parameter (m, v); mixed precision
           adds an fp32 master copy (16 bytes/param with 2-byte params and grads).
 * [engine] what this engine's ops save for backward in a pre-LN nanoGPT block.
+* [HF]    Hugging Face transformers' LlamaForCausalLM / MixtralForCausalLM parameter layout (no biases,
+          grouped key/value heads, SwiGLU, lm_head untied unless tie_word_embeddings).
+* [Meta]  Meta's Llama reference code: the SwiGLU width 2/3·4d, rounded up to multiple_of.
+* [configs] the models' published config.json / params.json (presets below).
 
 Pure Python: sizes are ints of bytes (or FLOPs); nothing here needs NumPy.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -56,6 +61,8 @@ class GPTShape:
     dtype: str = "float32"
     dropout: float = 0.0
 
+    arch = "gpt2"
+
     def __post_init__(self):
         if self.block_size is None:
             self.block_size = self.seq_len
@@ -78,6 +85,130 @@ class GPTShape:
     @property
     def value_bytes(self) -> int:
         return dtype_bytes(self.dtype)
+
+
+def llama_ffn_hidden(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
+    """The SwiGLU width Meta's Llama code computes [Meta]: 2/3 of 4·d (three matrices instead of two, so about the
+    parameters of a 4·d GELU MLP), times ffn_dim_multiplier if given, rounded up to a multiple of multiple_of:
+    4096 -> 11008 (Llama-2-7B); with 1.3 and 1024, 4096 -> 14336 (Llama-3-8B); with 1.3 and 4096, 8192 -> 28672
+    (Llama-3-70B)."""
+    hidden = int(2 * 4 * d_model / 3)
+    if ffn_dim_multiplier is not None:
+        hidden = int(ffn_dim_multiplier * hidden)
+    return multiple_of * -(-hidden // multiple_of)
+
+
+@dataclass
+class LlamaShape:
+    """A Llama / Mistral / Mixtral-family model (nn.Llama's arguments; Hugging Face's config names in the comments)
+    and a batch. block_size defaults to seq_len, n_kv_head to n_head, ffn_hidden to llama_ffn_hidden(d_model)."""
+
+    n_layer: int                      # num_hidden_layers
+    d_model: int                      # hidden_size
+    n_head: int                       # num_attention_heads
+    seq_len: int
+    batch: int
+    vocab_size: int = 32000           # vocab_size
+    block_size: int | None = None     # max_position_embeddings: the rotary table's length
+    dtype: str = "float32"
+    dropout: float = 0.0              # attention_dropout
+    n_kv_head: int | None = None      # num_key_value_heads
+    ffn_hidden: int | None = None     # intermediate_size
+    rope_theta: float = 10000.0       # rope_theta
+    norm_eps: float = 1e-5            # rms_norm_eps
+    tie_embeddings: bool = False      # tie_word_embeddings
+    n_experts: int = 0                # num_local_experts (0: a dense SwiGLU MLP)
+    experts_per_token: int = 2        # num_experts_per_tok
+
+    arch = "llama"
+
+    def __post_init__(self):
+        self.block_size = self.seq_len if self.block_size is None else self.block_size
+        self.n_kv_head = self.n_head if self.n_kv_head is None else self.n_kv_head
+        self.ffn_hidden = llama_ffn_hidden(self.d_model) if self.ffn_hidden is None else self.ffn_hidden
+        for name in ("n_layer", "d_model", "n_head", "seq_len", "batch", "vocab_size", "block_size", "n_kv_head",
+                     "ffn_hidden", "experts_per_token"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"LlamaShape: {name} must be a positive integer, got {value!r}")
+        if isinstance(self.n_experts, bool) or not isinstance(self.n_experts, int) or self.n_experts < 0:
+            raise ValueError(f"LlamaShape: n_experts must be 0 (dense) or a positive integer, got {self.n_experts!r}")
+        if self.d_model % self.n_head or (self.d_model // self.n_head) % 2:
+            raise ValueError(f"LlamaShape: {self.n_head} heads must divide d_model {self.d_model} into an even head "
+                             "dimension (rotary positions turn pairs of features)")
+        if self.n_head % self.n_kv_head:
+            raise ValueError(f"LlamaShape: n_kv_head {self.n_kv_head} must divide n_head {self.n_head}")
+        if self.n_experts and self.experts_per_token > self.n_experts:
+            raise ValueError(f"LlamaShape: experts_per_token {self.experts_per_token} exceeds n_experts "
+                             f"{self.n_experts}")
+        if self.seq_len > self.block_size:
+            raise ValueError(f"LlamaShape: seq_len {self.seq_len} exceeds block_size {self.block_size}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"LlamaShape: dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def value_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+
+# Published shapes [configs]: GPT-2 (OpenAI's config.json: n_embd, n_layer, n_head, n_ctx 1024, vocab 50257, tied,
+# biases), Llama 2 and 3 (Meta's params.json and Hugging Face's config.json: the SwiGLU width is intermediate_size),
+# Mistral 7B v0.1 and Mixtral 8x7B v0.1 (Mistral AI's config.json). max_position_embeddings is block_size.
+PRESETS = {
+    "gpt2": dict(arch="gpt2", n_layer=12, d_model=768, n_head=12, vocab_size=50257, block_size=1024),
+    "gpt2-xl": dict(arch="gpt2", n_layer=48, d_model=1600, n_head=25, vocab_size=50257, block_size=1024),
+    "llama-2-7b": dict(arch="llama", n_layer=32, d_model=4096, n_head=32, n_kv_head=32, ffn_hidden=11008,
+                       vocab_size=32000, block_size=4096, rope_theta=10000.0, norm_eps=1e-5),
+    "llama-3-8b": dict(arch="llama", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, ffn_hidden=14336,
+                       vocab_size=128256, block_size=8192, rope_theta=500000.0, norm_eps=1e-5),
+    "llama-3-70b": dict(arch="llama", n_layer=80, d_model=8192, n_head=64, n_kv_head=8, ffn_hidden=28672,
+                        vocab_size=128256, block_size=8192, rope_theta=500000.0, norm_eps=1e-5),
+    "mistral-7b": dict(arch="llama", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, ffn_hidden=14336,
+                       vocab_size=32000, block_size=32768, rope_theta=10000.0, norm_eps=1e-5),
+    "mixtral-8x7b": dict(arch="llama", n_layer=32, d_model=4096, n_head=32, n_kv_head=8, ffn_hidden=14336,
+                         vocab_size=32000, block_size=32768, rope_theta=1000000.0, norm_eps=1e-5, n_experts=8,
+                         experts_per_token=2),
+}
+# what a preset's model has that the engine does not run, said wherever the preset is used
+PRESET_NOTES = {
+    "mistral-7b": "Mistral's sliding-window attention (4096 positions) is not modelled: it equals causal attention "
+                  "for T <= 4096 and keeps less above",
+}
+
+
+def preset(name: str, seq_len: int | None = None, batch: int = 1, dtype: str = "float16", **overrides):
+    """The shape of a published model (PRESETS) for a batch: a GPTShape or a LlamaShape. seq_len defaults to
+    min(2048, block_size); every other field of the shape can be overridden (a custom width, fewer layers, more
+    key/value heads, experts: arch="llama" with n_experts=8 ...), and arch= switches the family."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown model {name!r}; the presets are {', '.join(PRESETS)}")
+    fields = {**PRESETS[name], **{k: v for k, v in overrides.items() if v is not None}}
+    arch = fields.pop("arch")
+    if arch not in ("gpt2", "llama"):
+        raise ValueError(f"unknown arch {arch!r}: gpt2 or llama")
+    seq_len = seq_len or min(2048, fields.get("block_size") or 2048)
+    cls = GPTShape if arch == "gpt2" else LlamaShape
+    if cls is GPTShape:
+        extra = sorted(set(fields) - {f.name for f in dataclasses.fields(GPTShape)})
+        if extra:
+            raise ValueError(f"{', '.join(extra)}: not a GPT-2 setting (use arch='llama' for these)")
+    return cls(seq_len=seq_len, batch=batch, dtype=dtype, **fields)
+
+
+def assumptions(shape, name: str | None = None) -> list[str]:
+    """What an estimate of `shape` (of preset `name`) assumes that the shape does not say: one sentence each."""
+    out = [PRESET_NOTES[name]] if name in PRESET_NOTES else []
+    if getattr(shape, "n_experts", 0):
+        k, e, tokens = shape.experts_per_token, shape.n_experts, shape.batch * shape.seq_len
+        out.append(f"routing: the meta backend has no values to route by, so each expert takes a balanced share, "
+                   f"B·T·k/E = {tokens}·{k}/{e} = {tokens * k / e:g} tokens per layer (a real router is uneven: the "
+                   "experts' saves still add up to the same B·T·k rows, but the busiest expert's batch, temporaries "
+                   "and compute are larger)")
+    return out
 
 
 # ---------------------------------------------------------------- parameters
@@ -103,16 +234,76 @@ def gpt_parameter_count(shape: GPTShape) -> int:
     return sum(gpt_parameter_terms(shape).values())
 
 
+def llama_parameter_terms(shape: LlamaShape) -> dict[str, int]:
+    """Parameter counts (elements) per tensor group, Hugging Face's Llama / Mixtral layout [HF]."""
+    d, L, f, E = shape.d_model, shape.n_layer, shape.ffn_hidden, shape.n_experts
+    q, kv = shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    t = {}
+    t["embed_tokens"] = shape.vocab_size * d          # elements; token embedding (no position table: rotary)
+    t["layers.input_layernorm"] = L * d               # elements; RMSNorm weight
+    t["layers.self_attn.q_proj"] = L * d * q          # elements; d -> H·hd, no bias
+    t["layers.self_attn.k_proj"] = L * d * kv         # elements; d -> Hkv·hd: grouped key heads
+    t["layers.self_attn.v_proj"] = L * d * kv         # elements; d -> Hkv·hd: grouped value heads
+    t["layers.self_attn.o_proj"] = L * q * d          # elements; H·hd -> d
+    t["layers.post_attention_layernorm"] = L * d      # elements; RMSNorm weight
+    if E:
+        t["layers.block_sparse_moe.gate"] = L * d * E          # elements; the router, d -> E
+        t["layers.block_sparse_moe.experts.w1"] = L * E * d * f  # elements; every expert's gate, d -> f
+        t["layers.block_sparse_moe.experts.w3"] = L * E * d * f  # elements; every expert's up, d -> f
+        t["layers.block_sparse_moe.experts.w2"] = L * E * f * d  # elements; every expert's down, f -> d
+    else:
+        t["layers.mlp.gate_proj"] = L * d * f           # elements; SwiGLU gate, d -> f
+        t["layers.mlp.up_proj"] = L * d * f             # elements; SwiGLU up, d -> f
+        t["layers.mlp.down_proj"] = L * f * d           # elements; SwiGLU down, f -> d
+    t["norm"] = d                                     # elements; final RMSNorm
+    t["lm_head"] = 0 if shape.tie_embeddings else shape.vocab_size * d  # elements; untied output layer
+    return t
+
+
+def parameter_count(shape) -> int:
+    """Total parameters of a GPTShape or a LlamaShape (every expert counted; a tied lm_head once)."""
+    if isinstance(shape, LlamaShape):
+        return sum(llama_parameter_terms(shape).values())
+    return gpt_parameter_count(shape)
+
+
+def active_parameter_count(shape) -> int:
+    """Parameters one token runs through: the total less the experts it does not use, (E - k) of them per layer
+    (Mixtral-8x7B: 12.9B of 46.7B); a dense model's total."""
+    if not getattr(shape, "n_experts", 0):
+        return parameter_count(shape)
+    idle = shape.n_experts - shape.experts_per_token
+    return parameter_count(shape) - shape.n_layer * idle * 3 * shape.d_model * shape.ffn_hidden
+
+
+def llama_forward_flops_terms(shape: LlamaShape) -> dict[str, int]:
+    """Matmul FLOPs (2·m·n·k) of one Llama block's forward, the experts a token uses only (k of E; balanced
+    routing). Elementwise ops (RMSNorm, rotary, SiLU, softmax, routing) are excluded."""
+    B, T, d, f = shape.batch, shape.seq_len, shape.d_model, shape.ffn_hidden
+    N, q, kv = B * T, shape.n_head * shape.head_dim, shape.n_kv_head * shape.head_dim
+    t = {}
+    t["attn.q_proj"] = 2 * N * d * q             # FLOPs; [BT, d] @ [d, H·hd]
+    t["attn.k_v_proj"] = 2 * 2 * N * d * kv      # FLOPs; two [BT, d] @ [d, Hkv·hd]
+    t["attn.scores"] = 2 * B * T * T * q         # FLOPs; Q·K^T over every query head
+    t["attn.av"] = 2 * B * T * T * q             # FLOPs; A·V over every query head
+    t["attn.o_proj"] = 2 * N * q * d             # FLOPs; [BT, H·hd] @ [H·hd, d]
+    routed = shape.experts_per_token if shape.n_experts else 1
+    if shape.n_experts:
+        t["moe.gate"] = 2 * N * d * shape.n_experts  # FLOPs; the router
+    t["mlp"] = routed * 3 * 2 * N * d * f        # FLOPs; gate, up, down for each of a token's k experts
+    return t
+
+
 def training_state_terms(params, optimizer: str | None = "adamw", param_dtype=None,
                          master_weights: bool = False) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state [Adam].
 
-    params: a GPTShape or a parameter count. param_dtype defaults to shape.dtype
+    params: a GPTShape, a LlamaShape or a parameter count. param_dtype defaults to shape.dtype
     (float32 for a bare count). Optimizer states and the master copy are float32.
     """
-    if isinstance(params, GPTShape):
+    if isinstance(params, (GPTShape, LlamaShape)):
         param_dtype = param_dtype or params.dtype
-        params = gpt_parameter_count(params)
+        params = parameter_count(params)
     pb = dtype_bytes(param_dtype or "float32")
     P, fp32 = params, 4
     t = {}

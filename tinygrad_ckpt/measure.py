@@ -1,24 +1,28 @@
-"""One steady-state training step, measured: what `tinygrad-ckpt estimate` and lesson 9 report.
+"""One steady-state training step, measured: what `tinygrad-ckpt estimate` and lessons 9 and 13 report.
 
     step = SteadyStep(GPTShape(n_layer=32, d_model=4096, n_head=32, seq_len=2048, batch=4, dtype="float16"))
     led, seconds = step.measure("every_layer")        # a Ledger of one forward, backward, optimizer step
+    run = estimate_step(preset("llama-3-70b", batch=1))   # the same for a published model, timed
 
-The GPT is built (on the meta backend by default: shapes and dtypes, no data, so a 7B model takes
-seconds) and one training step is taken first: it creates the optimizer's states, as the first step
-of any run does. `measure(checkpoint)` sets the checkpoint plan and runs one more step (forward,
-backward, optimizer step, zero_grad) under a Ledger: the step a long run repeats. A meta model has
-no data, so changing the plan between measurements changes nothing else.
+The model (nn.GPT for a GPTShape, nn.Llama for a LlamaShape) is built (on the meta backend by
+default: shapes and dtypes, no data, so a 70B model takes seconds) and one training step is taken
+first: it creates the optimizer's states, as the first step of any run does. `measure(checkpoint)`
+sets the checkpoint plan and runs one more step (forward, backward, optimizer step, zero_grad) under
+a Ledger: the step a long run repeats. A meta model has no data, so changing the plan between
+measurements changes nothing else; a mixture of experts routes tokens evenly there
+(estimate.assumptions says so).
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
+from typing import NamedTuple
 
 import numpy as np
 
 from . import backend, nn, optim
-from .estimate import GPTShape
+from .estimate import GPTShape, LlamaShape, active_parameter_count, parameter_count
 from .events import within
 from .ledger import Ledger
 from .planner import LayerCost
@@ -36,17 +40,28 @@ def using_backend(name: str):
         backend.use_backend(previous)
 
 
-class SteadyStep:
-    """A GPT of `shape` and its optimizer ("adamw", "sgd" or "none"), one training step already taken."""
+def build_model(shape):
+    """The engine's model of a shape, on the active backend: nn.GPT for a GPTShape, nn.Llama for a LlamaShape."""
+    if isinstance(shape, LlamaShape):
+        return nn.Llama(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
+                        n_kv_head=shape.n_kv_head, ffn_hidden=shape.ffn_hidden, rope_theta=shape.rope_theta,
+                        norm_eps=shape.norm_eps, tie_embeddings=shape.tie_embeddings, n_experts=shape.n_experts,
+                        experts_per_token=shape.experts_per_token, dropout=shape.dropout)
+    return nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
+                  dropout=shape.dropout)
 
-    def __init__(self, shape: GPTShape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta"):
+
+class SteadyStep:
+    """The model of `shape` (a GPTShape or a LlamaShape) and its optimizer ("adamw", "sgd" or "none"), one training
+    step already taken."""
+
+    def __init__(self, shape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta"):
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"SteadyStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
         self.shape, self.backend_name = shape, backend_name
         with using_backend(backend_name):
             backend.manual_seed(0)
-            self.model = nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
-                                dropout=shape.dropout)
+            self.model = build_model(shape)
             if shape.dtype != "float32":
                 self.model.to(np.dtype(shape.dtype))
             params = self.model.parameters()
@@ -151,6 +166,29 @@ def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
             if stepper.opt is not None:
                 stepper.opt.zero_grad()
         return led, time.perf_counter() - t0
+
+
+class Estimate(NamedTuple):
+    """One measured steady step of a shape: the ledger, the step's seconds, the seconds to build the model and take
+    the first step (the optimizer states), and the parameters in all and those a token runs through."""
+
+    shape: object
+    ledger: Ledger
+    seconds: float
+    setup_seconds: float
+    parameters: int
+    active_parameters: int
+
+
+def estimate_step(shape, checkpoint=None, optimizer: str = "adamw", state_dtype=np.float32,
+                  backend_name: str = "meta") -> Estimate:
+    """Build the model of `shape` (estimate.preset gives published ones), take a first step, and measure the next one
+    under `checkpoint` (see SteadyStep.measure): what `tinygrad-ckpt estimate --model NAME` reports."""
+    t0 = time.perf_counter()
+    step = SteadyStep(shape, optimizer, state_dtype, backend_name)
+    setup = time.perf_counter() - t0
+    led, seconds = step.measure(checkpoint)
+    return Estimate(shape, led, seconds, setup, parameter_count(shape), active_parameter_count(shape))
 
 
 def saved_after_forward(led: Ledger, module: str = "") -> dict:

@@ -71,16 +71,19 @@ class SaveMatmuls(Policy):
 class KorthikantiSelective(Policy):
     """Korthikanti et al. 2022: recompute only the attention core (scores, scale, mask, softmax,
     attention dropout, attention-weighted values), whose [B, H, T, T] tensors are large but cheap
-    to recompute; keep everything else. The core is every op run directly in an `attn` module
-    (not in its c_attn / c_proj / resid_dropout children)."""
+    to recompute; keep everything else. The core is every op run directly in an attention module, `attn`
+    (nanoGPT) or `self_attn` (Llama), not in its projections (c_attn, q_proj, ...) or dropout; in a Llama the
+    rotary positions are kept too (as Megatron applies them before its recomputed core attention), so the
+    rotated q and k are what the core's replay reads, and the projections' own outputs need not be kept."""
 
     name = "korthikanti_selective"
+    cores = ("attn", "self_attn")
 
     def decide(self, op, name):
         parts = name.split(".")
         if op in _VIEWS:
             return Decision(False, "view: free to recompute")
-        if len(parts) >= 2 and parts[-2] == "attn":
+        if len(parts) >= 2 and parts[-2] in self.cores and op != "rotary":
             return Decision(False, "attention core: O(T²) bytes, cheap to recompute")
         return Decision(True, "outside the attention core: keep")
 

@@ -344,6 +344,18 @@ class Tensor:
     def tanh(self):
         return ops.tanh(self)
 
+    def sqrt(self):
+        return ops.sqrt(self)
+
+    def rsqrt(self):
+        return ops.rsqrt(self)
+
+    def sigmoid(self):
+        return ops.sigmoid(self)
+
+    def relu(self):
+        return ops.relu(self)
+
     def to(self, dtype) -> Tensor:
         """This tensor in `dtype` (itself if it has it), as PyTorch's .to(dtype): on the graph, its gradient cast
         back."""

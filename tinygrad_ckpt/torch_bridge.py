@@ -1,4 +1,4 @@
-"""This engine's checkpoint plans applied to a PyTorch GPT, and what PyTorch keeps for backward, measured.
+"""This engine's checkpoint plans applied to a PyTorch GPT (and Llama), and what PyTorch keeps for backward, measured.
 
     model = TorchGPT.from_engine(gpt)           # nanoGPT's modules, the engine GPT's weights and names
     model.checkpoint = "every_layer"             # the same switch as nn.GPT(checkpoint=...)
@@ -37,6 +37,7 @@ from torch.utils import checkpoint as torch_checkpoint
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from . import planner
+from .estimate import llama_ffn_hidden
 from .policies import Policy
 
 aten = torch.ops.aten
@@ -127,7 +128,27 @@ class Block(torch.nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-class TorchGPT(torch.nn.Module):
+class _EngineWeights:
+    """Weights from and to an engine state_dict ({name: NumPy array}): the names are the same."""
+
+    def load_engine_state(self, state: dict) -> None:
+        """Copy an engine state_dict into this model (every name must be there, and no other)."""
+        own = self.state_dict()
+        missing = sorted(set(own) - set(state))
+        if missing:
+            raise KeyError(f"{type(self).__name__}.load_engine_state: missing {missing}")
+        with torch.no_grad():
+            for name, value in state.items():
+                if name not in own:
+                    raise KeyError(f"{type(self).__name__}.load_engine_state: unexpected key {name!r}")
+                own[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+
+    def engine_state(self) -> dict:
+        """{name: NumPy array}: loads into the engine's model with load_state_dict."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+
+class TorchGPT(_EngineWeights, torch.nn.Module):
     """nanoGPT (learned positions, tied lm_head, exact GELU) with the parameter names of nn.GPT's state_dict.
     `checkpoint`: None, "every_layer", "sqrt", a number of segments, a planner Plan or a Policy (see
     `run_blocks`)."""
@@ -158,22 +179,6 @@ class TorchGPT(torch.nn.Module):
         model.load_engine_state(gpt.state_dict())
         return model
 
-    def load_engine_state(self, state: dict) -> None:
-        """Copy an engine state_dict ({name: NumPy array}) into this model (names are the same)."""
-        own = self.state_dict()
-        missing = sorted(set(own) - set(state))
-        if missing:
-            raise KeyError(f"TorchGPT.load_engine_state: missing {missing}")
-        with torch.no_grad():
-            for name, value in state.items():
-                if name not in own:
-                    raise KeyError(f"TorchGPT.load_engine_state: unexpected key {name!r}")
-                own[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
-
-    def engine_state(self) -> dict:
-        """{name: NumPy array}: loads into an engine nn.GPT with load_state_dict."""
-        return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
-
     def forward(self, idx, targets=None):
         B, T = idx.shape
         tr = self.transformer
@@ -182,6 +187,193 @@ class TorchGPT(torch.nn.Module):
         logits = self.lm_head(x)
         loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
         return logits, loss
+
+
+# ---- a Llama / Mixtral in PyTorch, named and shaped as this engine's nn.Llama -----------------------------------
+# Written from the published architecture (Hugging Face's modeling_llama / modeling_mixtral read for the facts:
+# rotate_half on the two halves, grouped key/value heads repeated per query head, softmax -> top-k -> renormalise,
+# experts in expert order added into zeros, the load-balancing loss), in the input dtype throughout (Hugging Face
+# computes RMSNorm and the router softmax in float32), so float64 runs compare to 1e-10.
+class TorchRMSNorm(torch.nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class TorchLlamaAttention(torch.nn.Module):
+    def __init__(self, d_model: int, n_head: int, n_kv_head: int, dropout: float):
+        super().__init__()
+        hd = d_model // n_head
+        self.q_proj = torch.nn.Linear(d_model, n_head * hd, bias=False)
+        self.k_proj = torch.nn.Linear(d_model, n_kv_head * hd, bias=False)
+        self.v_proj = torch.nn.Linear(d_model, n_kv_head * hd, bias=False)
+        self.o_proj = torch.nn.Linear(n_head * hd, d_model, bias=False)
+        self.n_head, self.n_kv_head, self.head_dim, self.dropout = n_head, n_kv_head, hd, dropout
+
+    def forward(self, x, cos, sin):
+        B, T, _ = x.shape
+        H, Hkv, hd = self.n_head, self.n_kv_head, self.head_dim
+        q = self.q_proj(x).view(B, T, H, hd).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, Hkv, hd).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, Hkv, hd).transpose(1, 2)
+        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # head h uses h // G
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
+        att = F.dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1), self.dropout, self.training)
+        return self.o_proj((att @ v).transpose(1, 2).reshape(B, T, H * hd))
+
+
+class TorchSwiGLU(torch.nn.Module):
+    """down(silu(gate(x)) * up(x)) under the engine's names: (gate_proj, up_proj, down_proj) for a dense MLP,
+    (w1, w3, w2) for an expert."""
+
+    def __init__(self, d_model: int, ffn_hidden: int, names=("gate_proj", "up_proj", "down_proj")):
+        super().__init__()
+        self.names = names
+        for name, (n_in, n_out) in zip(names, ((d_model, ffn_hidden), (d_model, ffn_hidden), (ffn_hidden, d_model))):
+            setattr(self, name, torch.nn.Linear(n_in, n_out, bias=False))
+
+    def forward(self, x):
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(F.silu(gate(x)) * up(x))
+
+
+class TorchSparseMoe(torch.nn.Module):
+    def __init__(self, d_model: int, ffn_hidden: int, n_experts: int, k: int):
+        super().__init__()
+        self.gate = torch.nn.Linear(d_model, n_experts, bias=False)
+        self.experts = torch.nn.ModuleList([TorchSwiGLU(d_model, ffn_hidden, ("w1", "w3", "w2"))
+                                            for _ in range(n_experts)])
+        self.k = k
+
+    def forward(self, x):
+        B, T, d = x.shape
+        rows = x.reshape(B * T, d)
+        logits = self.gate(rows)
+        weights, chosen = torch.topk(F.softmax(logits, dim=-1), self.k, dim=-1)
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(rows)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            if token.numel():
+                out = out.index_add(0, token, expert(rows[token]) * weights[token, slot, None])
+        return out.reshape(B, T, d), logits
+
+
+class TorchLlamaLayer(torch.nn.Module):
+    def __init__(self, d_model, n_head, n_kv_head, ffn_hidden, norm_eps, n_experts, k, dropout, owner):
+        super().__init__()
+        self.self_attn = TorchLlamaAttention(d_model, n_head, n_kv_head, dropout)
+        self.input_layernorm = TorchRMSNorm(d_model, norm_eps)
+        self.post_attention_layernorm = TorchRMSNorm(d_model, norm_eps)
+        if n_experts:
+            self.block_sparse_moe = TorchSparseMoe(d_model, ffn_hidden, n_experts, k)
+        else:
+            self.mlp = TorchSwiGLU(d_model, ffn_hidden)
+        object.__setattr__(self, "owner", owner)  # the TorchLlama: its rotary table and router-logit list
+
+    def forward(self, x):
+        cos, sin = self.owner.cos_sin(x.shape[1])
+        h = x + self.self_attn(self.input_layernorm(x), cos, sin)
+        if hasattr(self, "mlp"):
+            return h + self.mlp(self.post_attention_layernorm(h))
+        out, logits = self.block_sparse_moe(self.post_attention_layernorm(h))
+        if self.owner.collecting is not None:  # the first forward only (a checkpoint's replay runs in backward)
+            self.owner.collecting.append(logits)
+        return h + out
+
+
+class TorchLlama(_EngineWeights, torch.nn.Module):
+    """nn.Llama in PyTorch with the same parameter names (Hugging Face's): dense, grouped-query and MoE blocks, the
+    lm_head tied or not, the load-balancing loss when `output_router_logits` (added to the loss times
+    `router_aux_loss_coef`, and kept in `aux_loss`). `checkpoint` as TorchGPT's."""
+
+    def __init__(self, vocab_size, block_size, n_layer, n_head, d_model, n_kv_head=None, ffn_hidden=None,
+                 rope_theta=10000.0, norm_eps=1e-5, tie_embeddings=False, n_experts=0, experts_per_token=2,
+                 dropout=0.0, checkpoint=None):
+        super().__init__()
+        n_kv_head = n_kv_head or n_head
+        ffn_hidden = ffn_hidden or llama_ffn_hidden(d_model)
+        self.model = torch.nn.Module()
+        self.model.embed_tokens = torch.nn.Embedding(vocab_size, d_model)
+        self.model.layers = torch.nn.ModuleList([
+            TorchLlamaLayer(d_model, n_head, n_kv_head, ffn_hidden, norm_eps, n_experts, experts_per_token, dropout,
+                            self) for _ in range(n_layer)])
+        self.model.norm = TorchRMSNorm(d_model, norm_eps)
+        self.lm_head = torch.nn.Linear(d_model, vocab_size, bias=False)
+        if tie_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+        hd = d_model // n_head
+        inv_freq = 1.0 / rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd)
+        angles = np.outer(np.arange(block_size, dtype=np.float64), inv_freq)
+        angles = np.concatenate([angles, angles], axis=-1)
+        self.register_buffer("cos_table", torch.from_numpy(np.cos(angles)).float(), persistent=False)
+        self.register_buffer("sin_table", torch.from_numpy(np.sin(angles)).float(), persistent=False)
+        self._angles = angles  # float64: the tables are rounded from these to the parameters' dtype
+        self.checkpoint, self.n_experts, self.k = checkpoint, n_experts, experts_per_token
+        self.output_router_logits, self.router_aux_loss_coef, self.aux_loss = False, 0.001, None
+        self.collecting = None
+        for name, module in self.named_modules():
+            module.scope = name
+
+    @classmethod
+    def from_engine(cls, llama, checkpoint=None) -> TorchLlama:
+        """A TorchLlama with the shapes, settings and (copied) weights of an engine nn.Llama, in its dtype."""
+        layer = llama.model.layers[0]
+        attn = layer.self_attn
+        moe = layer._modules.get("block_sparse_moe")
+        ffn = (moe.experts[0].w1 if moe is not None else layer.mlp.gate_proj).weight.shape[0]
+        model = cls(llama.vocab_size, llama.block_size, len(llama.model.layers), attn.n_head, attn.d_model,
+                    attn.n_kv_head, ffn, llama.model.rotary_emb.base, llama.model.norm.eps,
+                    llama.lm_head.weight is llama.model.embed_tokens.weight, llama.n_experts,
+                    llama.experts_per_token, attn.dropout, checkpoint)
+        model.to(torch.from_numpy(np.zeros(0, llama.lm_head.weight.dtype)).dtype)
+        model.load_engine_state(llama.state_dict())
+        model.output_router_logits, model.router_aux_loss_coef = llama.output_router_logits, llama.router_aux_loss_coef
+        return model
+
+    def cos_sin(self, t: int):
+        dtype = self.lm_head.weight.dtype
+        if self.cos_table.dtype != dtype:  # rounded once from float64, as the engine's table
+            self.cos_table = torch.from_numpy(np.cos(self._angles)).to(dtype)
+            self.sin_table = torch.from_numpy(np.sin(self._angles)).to(dtype)
+        return self.cos_table[:t], self.sin_table[:t]
+
+    def forward(self, idx, targets=None):
+        B, T = idx.shape
+        x = self.model.embed_tokens(idx)
+        self.collecting = [] if self.n_experts and self.output_router_logits else None
+        try:
+            x = self.model.norm(run_blocks(list(self.model.layers), x, self.checkpoint))
+            router_logits, self.collecting = self.collecting, None
+        finally:
+            self.collecting = None
+        logits = self.lm_head(x)
+        self.aux_loss = None if router_logits is None else load_balancing_loss(router_logits, self.n_experts, self.k)
+        loss = None if targets is None else F.cross_entropy(logits.view(B * T, -1), targets.view(-1))
+        if loss is not None and self.aux_loss is not None:
+            loss = loss + self.router_aux_loss_coef * self.aux_loss
+        return logits, loss
+
+
+def load_balancing_loss(router_logits: list, n_experts: int, k: int):
+    """Mixtral's auxiliary loss (Switch Transformer eqs. 4-6, as Hugging Face's load_balancing_loss_func without an
+    attention mask): over every layer's tokens at once, E·Σ_e (share of the top-k choices that went to e)·(mean
+    router probability of e)."""
+    probabilities = F.softmax(torch.cat(router_logits, dim=0), dim=-1)
+    _, chosen = torch.topk(probabilities, k, dim=-1)
+    choices = F.one_hot(chosen, n_experts).to(probabilities.dtype)  # [L·N, k, E]
+    return n_experts * (choices.mean(dim=0) * probabilities.mean(dim=0)[None]).sum()
 
 
 # ---- plans and policies ---------------------------------------------------------------------------------
@@ -241,6 +433,9 @@ _ALIASES = {aten.view.default, aten._unsafe_view.default, aten.transpose.int, at
 _VIEW_KINDS = _ALIASES | {aten.clone.default, aten.reshape.default}  # the engine's reshape may copy, as clone
 
 
+_LINEARS = {"lm_head", "gate", "w1", "w2", "w3"}  # with c_* (nanoGPT) and *_proj (Llama): the Linear modules' names
+
+
 def engine_op(op, scope: str) -> tuple[str, str]:
     """(op kind, scoped name) of an aten op as this engine names it: aten.addmm in "transformer.h.0.attn.c_attn"
     is ("linear", "transformer.h.0.attn.c_attn.linear"); aten.bmm in "transformer.h.0.attn" is ("matmul",
@@ -253,7 +448,7 @@ def engine_op(op, scope: str) -> tuple[str, str]:
         kind = "dropout"
     else:
         kind = _KINDS.get(op, str(op.overloadpacket.__name__))
-        if kind == "matmul" and (last.startswith("c_") or last == "lm_head"):
+        if kind == "matmul" and (last.startswith("c_") or last.endswith("_proj") or last in _LINEARS):
             kind = "linear"
     return kind, f"{scope}.{kind}" if scope else kind
 
@@ -594,5 +789,5 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
     return TorchStep(meter, loss.item(), seconds)
 
 
-__all__ = ["TorchGPT", "run_blocks", "engine_op", "selective_contexts", "SavedBytes", "Kept",
-           "TorchStep", "measure_step"]
+__all__ = ["TorchGPT", "TorchLlama", "load_balancing_loss", "run_blocks", "engine_op", "selective_contexts",
+           "SavedBytes", "Kept", "TorchStep", "measure_step"]

@@ -226,3 +226,97 @@ def adamw_update(w, m, v, g, lr: float, betas: tuple, eps: float, weight_decay: 
         w -= step * (m / denom)
 
     threads.rows(kernel, w, m, v, g)
+
+
+# ---- SiLU ---------------------------------------------------------------------------------------------
+def silu(x):
+    """x·σ(x) = x / (1 + e^(-x))."""
+    out = xp().empty(x.shape, dtype=x.dtype)
+
+    def kernel(out, x):
+        xp().negative(x, out=out)
+        xp().exp(out, out=out)
+        out += 1
+        xp().divide(x, out, out=out)
+
+    threads.rows(kernel, out, x)
+    return out
+
+
+def silu_grad(grad_out, x):
+    """g·σ(x)·(1 + x·(1 - σ(x)))."""
+    grad = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+
+    def kernel(grad, x, grad_out):
+        xp().negative(x, out=grad)
+        xp().exp(grad, out=grad)
+        grad += 1
+        xp().divide(1, grad, out=grad)  # σ(x)
+        rest = 1 - grad
+        rest *= x
+        rest += 1  # 1 + x·(1 - σ)
+        grad *= rest
+        grad *= grad_out
+
+    threads.rows(kernel, grad, x, grad_out)
+    return grad
+
+
+# ---- RMS norm -----------------------------------------------------------------------------------------
+def rms_norm(x, weight, eps: float):
+    """(out, 1/rms) with 1/rms = 1/√(mean(x²) + eps) over the last axis and out = (x·(1/rms))·w."""
+    out = xp().empty(x.shape, dtype=x.dtype)
+    rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
+    if math.prod(x.shape) == 0:
+        rstd[...] = 0
+        return out, rstd
+    be, d = current(), x.shape[-1]
+
+    def normalise(out, rstd, x):
+        var = be.row_dots(x, x)
+        var /= d
+        var += eps
+        rstd[...] = 1 / xp().sqrt(var)
+        xp().multiply(x, rstd, out=out)
+        out *= weight
+
+    threads.rows(normalise, out, rstd, x)
+    return out, rstd
+
+
+def rms_norm_grads(grad_out, x, rstd, weight):
+    """(dL/dx, dL/dw): with x̂ = x·(1/rms) and ĝ = g·w, dL/dx = (1/rms)·(ĝ - x̂·mean(ĝ·x̂)), dL/dw = Σ_rows g·x̂."""
+    gx = xp().empty(grad_out.shape, dtype=grad_out.dtype)
+    xhat = xp().empty(x.shape, dtype=x.dtype)
+
+    def input_grad(gx, xhat, grad_out, x, rstd):
+        xp().multiply(x, rstd, out=xhat)
+        xp().multiply(grad_out, weight, out=gx)  # ĝ = g·w
+        dot = (gx * xhat).mean(axis=-1, keepdims=True)
+        gx -= xhat * dot
+        gx *= rstd
+
+    threads.rows(input_grad, gx, xhat, grad_out, x, rstd)
+    rows = grad_out.reshape(-1, grad_out.shape[-1])
+    gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)
+    return gx, gw
+
+
+# ---- rotary position embedding ---------------------------------------------------------------------------
+def rotary(x, cos, sin):
+    """x·cos + rotate_half(x)·sin, rotate_half(x) = [-x₂, x₁] (x's last axis cut in two halves, as Hugging Face's
+    Llama); cos and sin broadcast against x."""
+    h = x.shape[-1] // 2
+    out = x * cos
+    out[..., :h] -= x[..., h:] * sin[..., :h]
+    out[..., h:] += x[..., :h] * sin[..., h:]
+    return out
+
+
+def rotary_grad(grad_out, cos, sin):
+    """dL/dx = g·cos + rotate_halfᵀ(g·sin), rotate_halfᵀ(y) = [y₂, -y₁]."""
+    h = grad_out.shape[-1] // 2
+    grad = grad_out * cos
+    grad[..., :h] += grad_out[..., h:] * sin[..., h:]
+    grad[..., h:] -= grad_out[..., :h] * sin[..., :h]
+    return grad

@@ -284,6 +284,8 @@ class MetaArray:
     __sub__, __rsub__, __isub__ = _binary(np.subtract)
     __mul__, __rmul__, __imul__ = _binary(np.multiply)
     __truediv__, __rtruediv__, __itruediv__ = _binary(np.true_divide)
+    __floordiv__, __rfloordiv__, __ifloordiv__ = _binary(np.floor_divide)
+    __mod__, __rmod__, __imod__ = _binary(np.remainder)
     __pow__, __rpow__, __ipow__ = _binary(np.power)
     __eq__, __ne__, __lt__, __le__, __gt__, __ge__ = (
         _binary(f)[0] for f in (np.equal, np.not_equal, np.less, np.less_equal, np.greater, np.greater_equal))
@@ -627,6 +629,23 @@ def unpackbits(a):
     return MetaArray((a.size * 8,), np.uint8)
 
 
+def concatenate(arrays, axis=0):
+    """A new array of the arrays side by side; its layout follows theirs (NumPy orders the result's axes by the
+    inputs' strides, as order "K")."""
+    arrays = list(arrays)
+    for a in arrays:
+        _check_operand(a, "concatenate")
+    first = arrays[0]
+    if any(a.ndim != first.ndim for a in arrays) or first.ndim == 0:
+        raise ValueError("all the input arrays must have same number of dimensions")
+    (ax,) = _axes(axis, first.ndim)
+    if any(a.shape[:ax] + a.shape[ax + 1:] != first.shape[:ax] + first.shape[ax + 1:] for a in arrays):
+        raise ValueError("all the input array dimensions except for the concatenation axis must match exactly")
+    shape = first.shape[:ax] + (sum(a.shape[ax] for a in arrays),) + first.shape[ax + 1:]
+    dtype = np.result_type(*(a.dtype for a in arrays))
+    return MetaArray(shape, dtype, _order_strides(shape, dtype.itemsize, [_strides_in(a, a.shape) for a in arrays]))
+
+
 def copyto(dst, src, where=True) -> None:
     """Copy where a mask says: changes values only (NumPy's checks: writeable, broadcastable)."""
     _elementwise(np.where, (where, src, dst), name="copyto", scalar_result=False)
@@ -665,11 +684,12 @@ class _Namespace:
 
 xp = _Namespace()
 for _fn in (asarray, zeros, arange, triu, where, broadcast_to, expand_dims, take_along_axis, put_along_axis, copyto,
-            packbits, unpackbits):
+            packbits, unpackbits, concatenate):
     setattr(xp, _fn.__name__, _fn)
 xp.ones = zeros
 xp.empty = zeros
-for _name in ("add", "subtract", "multiply", "divide", "exp", "log", "sqrt", "tanh", "maximum", "equal", "not_equal",
+for _name in ("add", "subtract", "multiply", "divide", "negative", "exp", "log", "sqrt", "tanh", "maximum", "equal",
+              "not_equal",
               "less", "less_equal", "greater", "greater_equal"):
     setattr(xp, _name, _Ufunc(getattr(np, _name)))
 

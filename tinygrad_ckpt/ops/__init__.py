@@ -10,6 +10,8 @@ them tensors first (PyTorch refuses them too).
 
 from __future__ import annotations
 
+import builtins
+
 import numpy as np
 
 from .. import backend, state
@@ -18,16 +20,19 @@ from ..checks import kind
 from ..tensor import Tensor  # tensor.py imports this package last, so either may be imported first
 from ._util import broadcast_shape, constant, unbroadcast
 from .attention import ChunkedAttention
-from .elementwise import Add, Cast, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Scale, Sub, Tanh
+from .elementwise import Add, Cast, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Rsqrt, Scale, Sigmoid, Sqrt, Sub, Tanh
 from .linalg import Linear, MatMul
-from .movement import Embedding, GetItem, Permute, Reshape, Split, Swapaxes, View
-from .nn import GELU, CrossEntropy, Dropout, LayerNorm, LogSoftmax, Softmax
+from .moe import Combine, Dispatch, TopKRouting
+from .movement import Concatenate, Embedding, GetItem, Permute, Reshape, Split, Swapaxes, View
+from .nn import GELU, CrossEntropy, Dropout, LayerNorm, LogSoftmax, ReLU, RMSNorm, SiLU, Softmax
 from .reduce import Max, Mean, Sum
+from .rotary import Rotary
 
 __all__ = [
-    "Add", "Sub", "Mul", "Scale", "Div", "Cast", "Neg", "Pow", "Exp", "Log", "Tanh", "MaskedFill", "MatMul", "Linear",
-    "Reshape", "View", "Permute", "Swapaxes", "GetItem", "Split", "Embedding", "GELU", "Softmax", "LogSoftmax",
-    "CrossEntropy", "LayerNorm", "Dropout", "ChunkedAttention", "Sum", "Mean", "Max", "unbroadcast",
+    "Add", "Sub", "Mul", "Scale", "Div", "Cast", "Neg", "Pow", "Exp", "Log", "Tanh", "Sqrt", "Rsqrt", "Sigmoid",
+    "MaskedFill", "MatMul", "Linear", "Reshape", "View", "Permute", "Swapaxes", "GetItem", "Split", "Concatenate",
+    "Embedding", "GELU", "SiLU", "ReLU", "Softmax", "LogSoftmax", "CrossEntropy", "LayerNorm", "RMSNorm", "Dropout",
+    "ChunkedAttention", "Rotary", "TopKRouting", "Dispatch", "Combine", "Sum", "Mean", "Max", "unbroadcast",
 ]
 
 _NUMBERS = (int, float)  # bool is an int
@@ -74,6 +79,14 @@ def autocast_inputs(category: str, *xs):
         return xs
     dtype = half if category == "half" else np.dtype(np.float32)
     return tuple(cast(x, dtype) if hasattr(x, "dtype") and kind(x.dtype) == "f" else x for x in xs)
+
+
+def promoted_dtype(dtypes):
+    """The dtype PyTorch computes tensors of these dtypes in (all with dimensions): the highest category (bool <
+    integer < floating) wins, and within it NumPy's promotion, which there is PyTorch's."""
+    dtypes = [np.dtype(d) for d in dtypes]
+    top = builtins.max(_CATEGORY[kind(d)] for d in dtypes)
+    return np.result_type(*(d for d in dtypes if _CATEGORY[kind(d)] == top))
 
 
 def cast(x, dtype):
@@ -191,6 +204,22 @@ def log(x):
 
 def tanh(x):
     return Tanh.apply(_floating(x))
+
+
+def sqrt(x):
+    return Sqrt.apply(_floating(x))
+
+
+def rsqrt(x):
+    return Rsqrt.apply(_floating(x))
+
+
+def sigmoid(x):
+    return Sigmoid.apply(_floating(x))
+
+
+def relu(x):
+    return ReLU.apply(x)
 
 
 def matmul(a, b):

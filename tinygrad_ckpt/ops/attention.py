@@ -8,6 +8,8 @@ that lie wholly in the future):
     acc ← acc·e^(m - m') + p v;          at the end  out = acc / l,  lse = m + log l.
 
 It saves q, k, v, the output and the per-row log-sum-exp (B·H·T numbers), never a [T, T] array.
+With fewer key/value heads than query heads (grouped-query attention) each key/value head serves its
+group of G query heads by broadcasting, so k and v are kept once, never repeated G times.
 Backward recomputes each block's probabilities from lse, P = e^(s - lse), and with
 D = rowsum(dO ∘ O):  dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP - D),  dQ += dS K·scale,  dK += dSᵀ Q·scale.
 That is one more [T, T]-sized matrix product than the explicit path's backward: the price of the
@@ -46,7 +48,8 @@ class ChunkedAttention(Function):
     """softmax(q kᵀ/√d + causal mask) v by blocks of `block_size` queries and keys (see the module).
 
     Saves q, k, v (views of the caller's buffers: in a GPT block, of the q/k/v projection), the output
-    and the per-row log-sum-exp [B, H, T_q, 1]; with dropout, the random stream (two integers).
+    and the per-row log-sum-exp [B, H, T_q, 1]; with dropout, the random stream (two integers). k and v may
+    have fewer heads than q (a divisor of q's: grouped-query attention), and are then not repeated.
     """
 
     op = "chunked_attention"
@@ -54,6 +57,8 @@ class ChunkedAttention(Function):
     @staticmethod
     def forward(ctx, q, k, v, causal=True, dropout_p=0.0, block_size=BLOCK_SIZE):
         _check(q, k, v, causal, dropout_p, block_size)
+        ctx.save(q=q, k=k, v=v)
+        q, k, v = _grouped(q, k, v)  # fewer key/value heads: [B, Hkv, G, T, D] against [B, Hkv, 1, T, D]
         tq, tk = q.shape[-2], k.shape[-2]
         ctx.causal, ctx.dropout_p, ctx.block_size = causal, dropout_p, block_size
         ctx.scale = 1.0 / math.sqrt(q.shape[-1])
@@ -88,16 +93,22 @@ class ChunkedAttention(Function):
             acc /= l_sum
             out[..., i0:i1, :] = acc
             lse[..., i0:i1, :] = m + xp().log(l_sum)
-        ctx.save(q=q, k=k, v=v, out=out, lse=lse)
+        ctx.save(out=out, lse=lse)
         batch = math.prod(q.shape[:-2])
         d, dv = q.shape[-1], v.shape[-1]
         ctx.flops = (batch * area * (2 * d + 2 * dv + 5),  # q kᵀ, p v, and the softmax's max/subtract/exp/sum
                      batch * area * (6 * d + 4 * dv + 5))  # q kᵀ again, dV, dP, dQ, dK, and P, dS
+        if out.ndim != len(ctx.in_shapes[0]):  # grouped: the heads' groups side by side again (a view)
+            return out.reshape(ctx.in_shapes[0][:-1] + v.shape[-1:])
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = (ctx.saved[n] for n in ("q", "k", "v", "out", "lse"))
+        q, k, v = _grouped(q, k, v)
+        if grad_out.ndim != out.ndim:
+            grad_out = grad_out.reshape(out.shape)
+        grouped = q.ndim == 5 and k.shape[2] != q.shape[2]  # each key block serves G query heads: sum over them
         tq, tk = q.shape[-2], k.shape[-2]
         scale = xp().asarray(ctx.scale, dtype=q.dtype)
         row_dot = (grad_out * out).sum(axis=-1, keepdims=True)  # D = rowsum(dO ∘ O)
@@ -113,14 +124,33 @@ class ChunkedAttention(Function):
                 _mask_partial(ctx, s, i0, i1, j0, j1, tq, tk)
                 s -= lse[..., i0:i1, :]
                 p = xp().exp(s)  # the probabilities, recomputed
-                dv[..., j0:j1, :] += _dropped(ctx, p, bi, bj).swapaxes(-1, -2) @ gb
+                dv[..., j0:j1, :] += _heads_summed(_dropped(ctx, p, bi, bj).swapaxes(-1, -2) @ gb, grouped)
                 dp = _dropped(ctx, gb @ vb.swapaxes(-1, -2), bi, bj)  # dropout's backward is its forward
                 dp -= row_dot[..., i0:i1, :]
                 dp *= p  # dS = P ∘ (dP - D)
                 dq[..., i0:i1, :] += dp @ kb
-                dk[..., j0:j1, :] += dp.swapaxes(-1, -2) @ qb
+                dk[..., j0:j1, :] += _heads_summed(dp.swapaxes(-1, -2) @ qb, grouped)
         dq *= scale
+        if grouped:
+            return tuple(g.reshape(shape) for g, shape in zip((dq, dk, dv), ctx.in_shapes))
         return dq, dk, dv
+
+
+def _grouped(q, k, v):
+    """q, k, v as they are, or with fewer key/value heads than query heads (grouped-query attention, H = G·Hkv) as
+    views [B, Hkv, G, T, D] (query head h = kv·G + g) and [B, Hkv, 1, T, D], which broadcast: every key and value
+    block serves its G query heads without being repeated."""
+    heads, kv_heads = q.shape[-3] if q.ndim >= 3 else 1, k.shape[-3] if k.ndim >= 3 else 1
+    if heads == kv_heads:
+        return q, k, v
+    lead, group = q.shape[:-3], heads // kv_heads
+    return (q.reshape(lead + (kv_heads, group) + q.shape[-2:]), k.reshape(lead + (kv_heads, 1) + k.shape[-2:]),
+            v.reshape(lead + (kv_heads, 1) + v.shape[-2:]))
+
+
+def _heads_summed(a, grouped: bool):
+    """A key or value block's gradient from its G query heads, summed over them (the group axis, -3)."""
+    return a.sum(axis=-3, keepdims=True) if grouped else a
 
 
 def _visible(ctx, i0: int, i1: int, tq: int, tk: int):
@@ -166,9 +196,12 @@ def _check(q, k, v, causal, dropout_p, block_size) -> None:
     if not q.dtype == k.dtype == v.dtype:  # as PyTorch's scaled_dot_product_attention: no silent promotion
         raise ValueError(f"chunked_attention: expected query, key, and value to have the same dtype, got q {q.dtype}, "
                          f"k {k.dtype}, v {v.dtype}; give them one dtype (e.g. create all three float32)")
-    if q.shape[:-2] != k.shape[:-2] or k.shape[:-1] != v.shape[:-1] or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"chunked_attention: {shapes} do not fit: q and k need the same leading axes and head_dim, "
-                         "k and v the same leading axes and length (broadcast them first)")
+    heads, kv_heads = (q.shape[-3], k.shape[-3]) if q.ndim >= 3 and k.ndim >= 3 else (None, None)
+    if (q.shape[:-3] != k.shape[:-3] or q.ndim != k.ndim or k.shape[:-1] != v.shape[:-1]
+            or q.shape[-1] != k.shape[-1] or (heads != kv_heads and (not kv_heads or heads % kv_heads))):
+        raise ValueError(f"chunked_attention: {shapes} do not fit: q and k need the same leading axes and head_dim "
+                         "(or, for grouped-query attention, q a multiple of k's heads), k and v the same leading "
+                         "axes and length (broadcast them first)")
     if causal and q.shape[-2] > k.shape[-2]:
         raise ValueError(f"chunked_attention: causal with more queries than keys ({shapes}) leaves the first "
                          f"{q.shape[-2] - k.shape[-2]} queries with no key to attend to; pass fewer queries")

@@ -194,6 +194,53 @@ class Tanh(Function):
         return grad_out * (1 - out * out)
 
 
+class Sqrt(Function):
+    """out = √x. Saves its output: d/dx √x = 1/(2√x)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = xp().sqrt(x)
+        ctx.save(out=out)
+        ctx.flops = (numel(x.shape), 2 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out / (2 * ctx.saved["out"])
+
+
+class Rsqrt(Function):
+    """out = 1/√x. Saves its output: d/dx x^(-1/2) = -½·x^(-3/2) = -½·out³."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = 1 / xp().sqrt(x)
+        ctx.save(out=out)
+        ctx.flops = (2 * numel(x.shape), 3 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out = ctx.saved["out"]
+        return grad_out * (-0.5 * out * out * out)
+
+
+class Sigmoid(Function):
+    """out = σ(x) = 1/(1 + e^(-x)). Saves its output: σ' = σ·(1 - σ)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = 1 / (1 + xp().exp(-x))
+        ctx.save(out=out)
+        ctx.flops = (4 * numel(x.shape), 3 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        out = ctx.saved["out"]
+        return grad_out * (out * (1 - out))
+
+
 class MaskedFill(Function):
     """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
     scores are not copied once more). Saves the boolean mask: dL/dx = 0 where mask else g·scale."""

@@ -1,4 +1,5 @@
-"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, split, embedding lookup.
+"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, split, concatenation, embedding
+lookup.
 
 Most return views of their input, which the ledger counts once with the input's buffer. None of
 them saves an array, except indexing with an integer array (it keeps the indices).
@@ -152,6 +153,38 @@ class Split(Function):
         for piece, g in zip(ctx.pieces, grads):
             grad[piece] = g
         return grad
+
+
+class Concatenate(Function):
+    """out = x₀, x₁, ... side by side along `axis` (one new buffer). Saves nothing: dL/dxᵢ = the piece of g that
+    xᵢ filled (views of g)."""
+
+    op = "cat"
+
+    @staticmethod
+    def forward(ctx, *xs, axis):
+        if not xs:
+            raise ValueError("cat: expected a non-empty list of tensors")
+        first = xs[0].shape
+        if not first or any(not x.shape for x in xs):
+            raise ValueError("cat: zero-dimensional tensors cannot be concatenated; reshape them to 1-d first")
+        axis = axis_of("cat", axis, first)
+        for i, x in enumerate(xs):
+            if len(x.shape) != len(first) or any(a != b for k, (a, b) in enumerate(zip(x.shape, first)) if k != axis):
+                raise ValueError(f"cat: tensor {i} has shape {list(x.shape)}, tensor 0 {list(first)}: all must have "
+                                 f"the same shape except along axis {axis}")
+        if len({x.dtype for x in xs}) > 1:
+            raise TypeError(f"cat: inputs have dtypes {[str(x.dtype) for x in xs]}; convert them to one (functional's "
+                            "cat does, as PyTorch promotes)")
+        ctx.pieces, start = [], 0
+        for x in xs:
+            ctx.pieces.append((slice(None),) * axis + (slice(start, start + x.shape[axis]),))
+            start += x.shape[axis]
+        return xp().concatenate(xs, axis=axis)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return tuple(grad_out[piece] for piece in ctx.pieces)
 
 
 class Embedding(Function):

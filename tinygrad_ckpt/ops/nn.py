@@ -34,6 +34,47 @@ class GELU(Function):
         return kernels.gelu_grad(grad_out, x, out, ctx.approximate)  # g·(Φ(x) + x·φ(x)), Φ(x) = out/x
 
 
+class SiLU(Function):
+    """SiLU (swish): out = x·σ(x), σ(x) = 1/(1 + e^(-x)); dL/dx = g·σ(x)·(1 + x·(1 - σ(x))).
+
+    Saves its input x, as PyTorch's silu does: x cannot be recovered from silu(x) (not one-to-one for x < 0),
+    and σ(x) is cheaper to evaluate again than to keep. In a SwiGLU MLP the output is multiplied with the up
+    projection, and that product keeps it: silu's input and output are both kept, 2 of the MLP's 4 wide arrays.
+    """
+
+    op = "silu"
+
+    @staticmethod
+    def forward(ctx, x):
+        check_float("silu", x)
+        ctx.save(x=x)
+        ctx.flops = (4 * numel(x.shape), 7 * numel(x.shape))
+        return kernels.silu(x)  # x / (1 + e^(-x))
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return kernels.silu_grad(grad_out, ctx.saved["x"])  # g·σ(x)·(1 + x·(1 - σ(x)))
+
+
+class ReLU(Function):
+    """out = max(x, 0). Saves its output (as PyTorch does): dL/dx = g where out > 0, else 0 (0 at x = 0)."""
+
+    op = "relu"
+
+    @staticmethod
+    def forward(ctx, x):
+        if x.dtype.kind == "b":
+            raise TypeError("relu: bool inputs are not supported (as in PyTorch); convert to a number dtype first")
+        out = xp().maximum(x, xp().zeros((), dtype=x.dtype))
+        ctx.save(out=out)
+        ctx.flops = (numel(x.shape), numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out * (ctx.saved["out"] > 0)
+
+
 class Softmax(Function):
     """out = e^(x - max) / Σ e^(x - max) along an axis. Saves its output y: dL/dx = y·(g - Σ g·y)."""
 
@@ -170,6 +211,41 @@ class LayerNorm(Function):
         gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)  # Σ g·x̂
         gb = rows.sum(axis=0)  # Σ g
         return kernels.layer_norm_input_grad(grad_out, xhat, rstd, weight), gw, gb
+
+
+class RMSNorm(Function):
+    """out = x·(1/rms)·w with 1/rms = 1/√(mean(x²) + eps) over the last axis (Zhang & Sennrich 2019; Llama).
+
+    Saves what PyTorch's fused rms_norm kernel saves: its input x and 1/rms (one number per row), and the weight
+    (a parameter: no new bytes). The output is not kept: the linears after it keep it themselves. With
+    x̂ = x·(1/rms) and ĝ = g·w: dL/dx = (1/rms)·(ĝ - x̂·mean(ĝ·x̂)), dL/dw = Σ g·x̂.
+    """
+
+    op = "rms_norm"
+
+    @staticmethod
+    def forward(ctx, x, weight, eps=1e-6):
+        if not x.shape:
+            raise ValueError("rms_norm: a 0-d tensor has no last axis to normalise over; reshape it to 1-d first")
+        d = x.shape[-1]
+        if tuple(weight.shape) != (d,):
+            raise ValueError(f"rms_norm: weight {list(weight.shape)} must be [{d}] to normalise an input of shape "
+                             f"{list(x.shape)} over its last axis.")
+        check_float("rms_norm", x, weight)
+        if x.dtype != weight.dtype:
+            raise TypeError(f"rms_norm: input {x.dtype} and weight {weight.dtype} must have one dtype; convert the "
+                            "weight to the input's")
+        out, rstd = kernels.rms_norm(x, weight, eps)  # (x·(1/rms))·w, 1/rms per row
+        ctx.save(x=x, rstd=rstd, weight=weight)
+        ctx.flops = (4 * numel(x.shape), 8 * numel(x.shape))
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, rstd, weight = (ctx.saved[k] for k in ("x", "rstd", "weight"))
+        if numel(x.shape) == 0:
+            return xp().zeros(x.shape, dtype=grad_out.dtype), xp().zeros(weight.shape, dtype=grad_out.dtype)
+        return kernels.rms_norm_grads(grad_out, x, rstd, weight)
 
 
 def _zero_columns(weight):
