@@ -124,7 +124,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         results[label] = dict(engine=engine, engine_seconds=engine_seconds, torch=step.peak,
                               torch_seconds=torch_seconds, **terms)
         rows.append((label, f"{engine:,}", f"{step.peak:,}", f"{step.peak / engine - 1:+.1%}",
-                     f"{terms['noise_bits'] - terms['noise']:+,}", f"{terms['regenerated']:+,}",
+                     f"{terms['noise_masks'] - terms['noise']:+,}", f"{terms['regenerated']:+,}",
                      f"{-terms['dead_cache']:+,}", f"{terms['comparable']:,}",
                      f"{terms['comparable'] / engine - 1:+.2%}",
                      f"{engine_seconds * 1e3:.1f}", f"{torch_seconds * 1e3:.1f}"))

@@ -46,7 +46,7 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_within_2_percent(plan, dropou
     assert abs(terms["comparable"] / engine - 1) < 0.02, (plan, dropout, engine, terms)
     # each adjustment is a measured term that exists only where its reason does
     assert (terms["noise"] > 0) == (dropout > 0)  # CPU dropout keeps float noise, 4 bytes an element
-    assert terms["noise"] == 32 * terms["noise_bits"]
+    assert terms["noise"] == 32 * terms["noise_masks"]
     assert (terms["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective checkpointing caches
     # ... and only it draws again the noise of a dropout its policy keeps
     assert (terms["regenerated"] > 0) == (plan == "korthikanti_selective" and dropout > 0)

@@ -22,7 +22,7 @@ from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
 from .policies import Decision, Policy, korthikanti_selective, save_matmuls, save_nothing
-from .state import enable_grad, is_grad_enabled, name_scope, no_grad, set_grad_enabled
+from .state import enable_grad, is_grad_enabled, name_scope, no_grad, saves_like, set_grad_enabled
 from .tape import Tape, TapeEntry
 from .tapeview import draw_tape, print_saved
 from .tensor import Parameter, Tensor, increment_version
@@ -32,6 +32,6 @@ __all__ = [
     "is_grad_enabled", "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state",
     "use_backend", "Ledger", "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy",
     "Decision", "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional",
-    "nn", "optim", "draw_tape", "print_saved", "autocast",
+    "nn", "optim", "draw_tape", "print_saved", "autocast", "saves_like",
 ]
 __version__ = "0.1.0"

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import math
 
-from . import ops
+from . import ops, state
 from .backend import xp
+from .ops._util import causal_mask  # noqa: F401  (functional.causal_mask, as before)
 from .tensor import Tensor
 
 
@@ -124,13 +125,6 @@ def cross_entropy(logits, targets, ignore_index: int = -1):
     return ops.CrossEntropy.apply(logits, targets, ignore_index=ignore_index)
 
 
-def causal_mask(t_q: int, t_k: int):
-    """Boolean [t_q, t_k] array, True above the diagonal (the future positions to hide). With fewer queries
-    than keys the diagonal sits bottom-right (the last query sees every key, as when decoding with cached keys);
-    PyTorch's is_causal aligns it top-left (its causal_lower_right bias gives this one)."""
-    return xp().triu(xp().ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)
-
-
 def scaled_dot_product_attention(q, k, v, causal: bool = True, dropout_p: float = 0.0, training: bool = True,
                                  impl: str = "explicit", block_size: int = ops.attention.BLOCK_SIZE,
                                  enable_gqa: bool = False):
@@ -177,8 +171,8 @@ def _explicit_attention(q, k, v, causal, dropout_p, training):
     scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]
     scale = 1.0 / math.sqrt(q.shape[-1])
     if causal:  # scaled and masked in one op: one [B, H, T, T] array fewer
-        scores = ops.MaskedFill.apply(scores, causal_mask(q.shape[-2], k.shape[-2]), value=float("-inf"),
-                                      scale=scale)
+        mask = None if state.local.saves == "megatron" else causal_mask(q.shape[-2], k.shape[-2])  # None: made anew
+        scores = ops.MaskedFill.apply(scores, mask, value=float("-inf"), scale=scale)
     else:
         scores = scores * scale
     att = softmax(scores, axis=-1)

@@ -9,7 +9,10 @@ other's settings:
                    checkpointed segment, anomaly checks, breakpoints (see observe.py)
     segments       how many checkpointed segments run now, one inside another (forwards or replays): a
                    segment's observers act on the ops of their own depth only
-    autocast       the half dtype of a `tg.autocast(...)` block (functional.autocast), or None
+    autocast       the half dtype of a `tg.autocast(...)` block (amp.py), or None
+    saves          which framework's choice of saved arrays the ops follow: "engine" (this engine's own,
+                   the default), "pytorch" (PyTorch's autograd on CUDA) or "megatron" (Korthikanti et al.'s
+                   Table 2); values are the same whichever, only what is kept differs (`saves_like`)
     seed, counter  the random-number state: draw n uses a generator seeded with [seed, n]
 
 A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
@@ -49,6 +52,7 @@ class ThreadState(threading.local):
         self.observers: list = [make() for make in thread_start]
         self.segments = 0
         self.autocast = None
+        self.saves = "engine"
         self.seed, self.counter = 0, 0
 
     def __repr__(self) -> str:
@@ -102,6 +106,22 @@ def patched(**values):
     finally:
         for k, v in old.items():
             setattr(local, k, v)
+
+
+SAVES = {
+    "engine": "this engine's own: a norm keeps its output, dropout a mask of 1 bit an element",
+    "pytorch": "PyTorch's autograd on CUDA: a norm keeps its input, mean and 1/std, dropout a mask of 1 byte",
+    "megatron": "Korthikanti et al. 2022, Table 2: a norm keeps its input only, dropout a 1-byte mask, the causal "
+                "mask is made again in backward",
+}
+
+
+def saves_like(framework: str):
+    """Ops recorded in the block save what `framework` saves (see SAVES): "engine", "pytorch" or "megatron". The
+    values computed are the same whichever; what the ledger counts changes (this thread only)."""
+    if framework not in SAVES:
+        raise ValueError(f"saves_like: framework must be one of {', '.join(map(repr, SAVES))}, got {framework!r}")
+    return patched(saves=framework)
 
 
 def name_scope(name: str):

@@ -115,12 +115,16 @@ class LayerNorm(torch.nn.LayerNorm):
         return _OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
 
 
+_NORMS = {"engine": LayerNorm, "pytorch": torch.nn.LayerNorm}  # TorchGPT(saves=...)
+
+
 class Block(torch.nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float):
+    def __init__(self, d_model: int, n_head: int, dropout: float, saves: str = "engine"):
         super().__init__()
-        self.ln_1 = LayerNorm(d_model)
+        norm = _NORMS[saves]
+        self.ln_1 = norm(d_model)
         self.attn = CausalSelfAttention(d_model, n_head, dropout)
-        self.ln_2 = LayerNorm(d_model)
+        self.ln_2 = norm(d_model)
         self.mlp = MLP(d_model, dropout)
 
     def forward(self, x):
@@ -151,17 +155,21 @@ class _EngineWeights:
 class TorchGPT(_EngineWeights, torch.nn.Module):
     """nanoGPT (learned positions, tied lm_head, exact GELU) with the parameter names of nn.GPT's state_dict.
     `checkpoint`: None, "every_layer", "sqrt", a number of segments, a planner Plan or a Policy (see
-    `run_blocks`)."""
+    `run_blocks`). `saves`: "engine" (its layer norms keep what the engine's keep, as Apex's memory-efficient
+    layer norm: a plan's bytes compare like for like) or "pytorch" (torch.nn.LayerNorm, PyTorch's own: compare
+    with the engine under tg.saves_like("pytorch"))."""
 
     def __init__(self, vocab_size: int, block_size: int, n_layer: int, n_head: int, d_model: int,
-                 dropout: float = 0.0, checkpoint=None):
+                 dropout: float = 0.0, checkpoint=None, saves: str = "engine"):
         super().__init__()
+        if saves not in _NORMS:
+            raise ValueError(f"TorchGPT: saves must be 'engine' or 'pytorch', got {saves!r}")
         self.transformer = torch.nn.ModuleDict(dict(
             wte=torch.nn.Embedding(vocab_size, d_model),
             wpe=torch.nn.Embedding(block_size, d_model),
             drop=torch.nn.Dropout(dropout),
-            h=torch.nn.ModuleList([Block(d_model, n_head, dropout) for _ in range(n_layer)]),
-            ln_f=LayerNorm(d_model),
+            h=torch.nn.ModuleList([Block(d_model, n_head, dropout, saves) for _ in range(n_layer)]),
+            ln_f=_NORMS[saves](d_model),
         ))
         self.lm_head = torch.nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.transformer.wte.weight  # tied, as in nanoGPT
@@ -170,12 +178,12 @@ class TorchGPT(_EngineWeights, torch.nn.Module):
             module.scope = name  # "transformer.h.3.attn", as the engine names the ops a module runs
 
     @classmethod
-    def from_engine(cls, gpt, checkpoint=None) -> TorchGPT:
+    def from_engine(cls, gpt, checkpoint=None, saves: str = "engine") -> TorchGPT:
         """A TorchGPT with the shapes, dropout and (copied) weights of an engine nn.GPT."""
         wte, wpe = gpt.transformer.wte.weight, gpt.transformer.wpe.weight
         block = gpt.transformer.h[0]
         model = cls(wte.shape[0], wpe.shape[0], len(gpt.transformer.h), block.attn.n_heads, wte.shape[1],
-                    dropout=block.attn.dropout, checkpoint=checkpoint)
+                    dropout=block.attn.dropout, checkpoint=checkpoint, saves=saves)
         model.load_engine_state(gpt.state_dict())
         return model
 
@@ -742,22 +750,27 @@ class TorchStep:
     def after_forward(self) -> int:
         return self.meter.after_forward
 
-    def like_for_like(self) -> dict:
+    def like_for_like(self, masks: str = "bits") -> dict:
         """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
         the `with_masks` count: {"peak": distinct storages, "with_masks": ..., "regenerated": the 1-bit masks
         counted where selective checkpointing regenerates dropout noise the engine's policy keeps,
         "dead_cache": bytes selective checkpointing cached that no autograd node kept and no replayed op read
         (outputs backward never needs, such as a Linear's before a residual add), "noise": float dropout noise
-        (CPU dropout keeps it at the value dtype, see _is_noise), "noise_bits": the same noise as masks of 1 bit
-        per element, as the engine keeps, and "comparable": with_masks - dead_cache - noise + noise_bits}."""
+        (CPU dropout keeps it at the value dtype, see _is_noise), "noise_masks": the same noise as the engine
+        keeps it: masks of 1 bit per element (masks="bits", the engine's own saves) or of 1 byte (masks="bytes",
+        PyTorch's CUDA dropout: the engine under saves_like("pytorch")), and "comparable": with_masks -
+        dead_cache - noise + noise_masks}."""
+        if masks not in ("bits", "bytes"):
+            raise ValueError(f"like_for_like: masks must be 'bits' or 'bytes', got {masks!r}")
         records = self.meter.at_peak_with_masks
         noise = [k for k in records if k.noise]
+        per_mask = (lambda n: -(-n // 8)) if masks == "bits" else (lambda n: n)
         out = {"peak": self.meter.peak, "with_masks": self.meter.peak_with_masks,
                "regenerated": sum(k.nbytes for k in records if k.how == "regenerated"),
                "dead_cache": sum(k.nbytes for k in records if k.how == "cached" and not k.needed),
                "noise": sum(k.nbytes for k in noise),
-               "noise_bits": sum(-(-math.prod(k.shape) // 8) for k in noise)}
-        out["comparable"] = out["with_masks"] - out["dead_cache"] - out["noise"] + out["noise_bits"]
+               "noise_masks": sum(per_mask(math.prod(k.shape)) for k in noise)}
+        out["comparable"] = out["with_masks"] - out["dead_cache"] - out["noise"] + out["noise_masks"]
         return out
 
 

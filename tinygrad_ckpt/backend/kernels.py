@@ -117,18 +117,20 @@ def _by_rows(kernel, axis, *arrays):
 
 # ---- layer norm -----------------------------------------------------------------------------------------
 def layer_norm(x, weight, bias, eps: float):
-    """(out, x̂, 1/std) with x̂ = (x - mean)/√(var + eps) over the last axis and out = x̂·w + b."""
+    """(out, x̂, mean, 1/std) with x̂ = (x - mean)/√(var + eps) over the last axis and out = x̂·w + b."""
     out = xp().empty(x.shape, dtype=x.dtype)
     xhat = xp().empty(x.shape, dtype=x.dtype)
+    mean = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
     rstd = xp().empty(x.shape[:-1] + (1,), dtype=x.dtype)
     if math.prod(x.shape) == 0:  # nothing to normalise (and a row of no values has no mean)
-        rstd[...] = 0
-        return out, xhat, rstd
+        mean[...], rstd[...] = 0, 0
+        return out, xhat, mean, rstd
     be, d = current(), x.shape[-1]
 
-    def normalise(out, xhat, rstd, x):
+    def normalise(out, xhat, row_mean, rstd, x):
         mean = be.row_sums(x)
         mean /= d
+        row_mean[...] = mean
         xp().subtract(x, mean, out=xhat)
         var = be.row_dots(xhat, xhat)
         var /= d
@@ -138,8 +140,20 @@ def layer_norm(x, weight, bias, eps: float):
         xp().multiply(xhat, weight, out=out)
         out += bias
 
-    threads.rows(normalise, out, xhat, rstd, x)
-    return out, xhat, rstd
+    threads.rows(normalise, out, xhat, mean, rstd, x)
+    return out, xhat, mean, rstd
+
+
+def layer_norm_xhat_from_input(x, mean, rstd):
+    """x̂ = (x - mean)·(1/std), from the saved input and statistics (what PyTorch's kernel keeps)."""
+    xhat = xp().empty(x.shape, dtype=x.dtype)
+
+    def normalised(xhat, x, mean, rstd):
+        xp().subtract(x, mean, out=xhat)
+        xhat *= rstd
+
+    threads.rows(normalised, xhat, x, mean, rstd)
+    return xhat
 
 
 def layer_norm_xhat(out, weight, bias, zeros: bool):

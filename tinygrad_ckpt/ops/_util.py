@@ -86,3 +86,10 @@ def check_float(op: str, *arrays) -> None:
         if kind(a.dtype) != "f":
             raise TypeError(f"{op}: needs floating-point input, got dtype {a.dtype} (shape {list(a.shape)}), as in "
                             "PyTorch; convert first, e.g. tg.Tensor(x.numpy().astype(np.float32))")
+
+
+def causal_mask(t_q: int, t_k: int):
+    """Boolean [t_q, t_k] array, True above the diagonal (the future positions to hide). With fewer queries
+    than keys the diagonal sits bottom-right (the last query sees every key, as when decoding with cached keys);
+    PyTorch's is_causal aligns it top-left (its causal_lower_right bias gives this one)."""
+    return xp().triu(xp().ones((t_q, t_k), dtype=bool), k=1 + t_k - t_q)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..backend import kernels, xp
 from ..checks import kind
 from ..function import Function
-from ._util import broadcast_shape, numel, unbroadcast
+from ._util import broadcast_shape, causal_mask, numel, unbroadcast
 
 
 class Add(Function):
@@ -243,19 +243,25 @@ class Sigmoid(Function):
 
 class MaskedFill(Function):
     """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
-    scores are not copied once more). Saves the boolean mask: dL/dx = 0 where mask else g·scale."""
+    scores are not copied once more): dL/dx = 0 where mask else g·scale. Saves the boolean mask; mask=None is
+    the causal mask of x's last two axes, which it makes again in backward instead (as Megatron's fused
+    softmax, which keeps no mask: saves_like("megatron"))."""
 
     op = "masked_fill"
 
     @staticmethod
     def forward(ctx, x, mask, value: float, scale: float = 1.0):
-        broadcast_shape("masked_fill", x.shape, mask.shape)
+        if mask is None:
+            mask = causal_mask(*x.shape[-2:])
+        else:
+            broadcast_shape("masked_fill", x.shape, mask.shape)
+            ctx.save(mask=mask)
         ctx.scale = scale
-        ctx.save(mask=mask)
         ctx.flops = ((1 + (scale != 1)) * numel(x.shape), (1 + (scale != 1)) * numel(x.shape))
         return kernels.masked_fill(x, mask, value, scale)
 
     @staticmethod
     def backward(ctx, grad_out):
-        grad = kernels.masked_fill_grad(grad_out, ctx.saved["mask"], ctx.scale)  # 0 where mask else g·scale
+        mask = ctx.saved["mask"] if "mask" in ctx.saved else causal_mask(*ctx.in_shapes[0][-2:])
+        grad = kernels.masked_fill_grad(grad_out, mask, ctx.scale)  # 0 where mask else g·scale
         return unbroadcast(grad, ctx.in_shapes[0]), None

@@ -3,7 +3,7 @@ what to save. These choices are the activation memory the lessons measure."""
 
 from __future__ import annotations
 
-from .. import backend
+from .. import backend, state
 from ..backend import kernels, xp
 from ..function import Function
 from ._util import axis_of, check_float, check_range, numel
@@ -166,12 +166,14 @@ class CrossEntropy(Function):
 class LayerNorm(Function):
     """out = x̂·w + b with x̂ = (x - mean)/√(var + eps) over the last axis.
 
-    Saves its output, 1/std (one number per row), w and b: the layer after it (a linear) keeps the
-    output anyway, so the output costs no extra bytes, and backward recovers x̂ = (out - b)/w. Where a
-    weight is exactly 0 the output forgets x̂, so those columns of x̂ are saved as well (none, usually).
+    What it saves follows `state.saves_like` (w and b, parameters, always): this engine's choice is its output and
+    1/std (one number per row): the layer after it (a linear) keeps the output anyway, so the output costs no
+    extra bytes, and backward recovers x̂ = (out - b)/w (where a weight is exactly 0 the output forgets x̂, so
+    those columns of x̂ are saved as well: none, usually). PyTorch's kernel keeps its input, the mean and 1/std;
+    Megatron's accounting (Korthikanti's Table 2) its input alone, mean and 1/std made again in backward.
     With x̂ and 1/std, dL/dx = (1/std)·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) where ĝ = g·w, dL/dw = Σ g·x̂,
-    dL/db = Σ g. (Recovering x̂ costs 2 operations per value in backward and rounds like |b|/|w| times
-    the output's rounding: exact enough at the weights training sees, and PyTorch's tolerance is checked.)
+    dL/db = Σ g. (Recovering x̂ from the output rounds like |b|/|w| times the output's rounding: exact enough at
+    the weights training sees, and PyTorch's tolerance is checked.)
     """
 
     op = "layer_norm"
@@ -190,23 +192,36 @@ class LayerNorm(Function):
         if not x.dtype == weight.dtype == bias.dtype:
             raise TypeError(f"layer_norm: input {x.dtype}, weight {weight.dtype} and bias {bias.dtype} must have one "
                             "dtype, as in PyTorch; convert the weight and bias to the input's")
-        out, xhat, rstd = kernels.layer_norm(x, weight, bias, eps)  # x̂ = (x - mean)/√(var + eps), out = x̂·w + b
-        ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
-        ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
-        if ctx.zero_columns is not None:
-            ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
+        out, xhat, mean, rstd = kernels.layer_norm(x, weight, bias, eps)  # x̂ = (x - mean)/√(var + eps); x̂·w + b
+        ctx.eps, ctx.saves_like, ctx.zero_columns = eps, state.local.saves, None
+        if ctx.saves_like == "engine":
+            ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
+            ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
+            if ctx.zero_columns is not None:
+                ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
+        elif ctx.saves_like == "pytorch":
+            ctx.save(x=x, mean=mean, rstd=rstd, weight=weight, bias=bias)
+        else:
+            ctx.save(x=x, weight=weight, bias=bias)
         ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        out, rstd, weight, bias = (ctx.saved[k] for k in ("out", "rstd", "weight", "bias"))
-        if numel(out.shape) == 0:
-            return tuple(xp().zeros(a.shape, dtype=grad_out.dtype) for a in (out, weight, bias))
-        zero = ctx.zero_columns
-        xhat = kernels.layer_norm_xhat(out, weight, bias, zero is not None)  # x̂ = (out - b)/w
-        if zero is not None:
-            xhat[..., zero] = ctx.saved["xhat_where_weight_is_0"]
+        saved = ctx.saved
+        weight, bias = saved["weight"], saved["bias"]
+        if numel(grad_out.shape) == 0:
+            return tuple(xp().zeros(a.shape, dtype=grad_out.dtype) for a in (grad_out, weight, bias))
+        if ctx.saves_like == "engine":
+            zero, rstd = ctx.zero_columns, saved["rstd"]
+            xhat = kernels.layer_norm_xhat(saved["out"], weight, bias, zero is not None)  # x̂ = (out - b)/w
+            if zero is not None:
+                xhat[..., zero] = saved["xhat_where_weight_is_0"]
+        elif ctx.saves_like == "pytorch":
+            rstd = saved["rstd"]
+            xhat = kernels.layer_norm_xhat_from_input(saved["x"], saved["mean"], rstd)  # x̂ = (x - mean)/std
+        else:
+            _, xhat, _, rstd = kernels.layer_norm(saved["x"], weight, bias, ctx.eps)  # all of it made again
         rows = grad_out.reshape(-1, grad_out.shape[-1])
         gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)  # Σ g·x̂
         gb = rows.sum(axis=0)  # Σ g
@@ -236,13 +251,17 @@ class RMSNorm(Function):
             raise TypeError(f"rms_norm: input {x.dtype} and weight {weight.dtype} must have one dtype; convert the "
                             "weight to the input's")
         out, rstd = kernels.rms_norm(x, weight, eps)  # (x·(1/rms))·w, 1/rms per row
-        ctx.save(x=x, rstd=rstd, weight=weight)
+        ctx.eps, ctx.saves_like = eps, state.local.saves
+        ctx.save(x=x, weight=weight)
+        if ctx.saves_like != "megatron":  # Megatron's accounting keeps the input alone: 1/rms is made again
+            ctx.save(rstd=rstd)
         ctx.flops = (4 * numel(x.shape), 8 * numel(x.shape))
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, rstd, weight = (ctx.saved[k] for k in ("x", "rstd", "weight"))
+        x, weight = ctx.saved["x"], ctx.saved["weight"]
+        rstd = ctx.saved["rstd"] if "rstd" in ctx.saved else kernels.rms_norm(x, weight, ctx.eps)[1]
         if numel(x.shape) == 0:
             return xp().zeros(x.shape, dtype=grad_out.dtype), xp().zeros(weight.shape, dtype=grad_out.dtype)
         return kernels.rms_norm_grads(grad_out, x, rstd, weight)
@@ -257,16 +276,19 @@ def _zero_columns(weight):
 
 
 class Dropout(Function):
-    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG. Saves the mask packed 1 bit per
-    element (packbits: n/8 bytes instead of a bool array's n): dL/dx = g·mask/(1-p)."""
+    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG: dL/dx = g·mask/(1-p). Saves the mask: this
+    engine packs it 1 bit per element (packbits: n/8 bytes); under saves_like("pytorch"/"megatron") it is a bool
+    array of n bytes, as PyTorch's CUDA kernel keeps it and Korthikanti counts it."""
 
     @staticmethod
     def forward(ctx, x, p):
         check_float("dropout", x)
         mask = backend.next_generator().random(x.shape, dtype=xp().float32) >= p
         ctx.scale = 1.0 / (1.0 - p)
-        if ctx.saving:
+        if ctx.saving and state.local.saves == "engine":
             ctx.save(mask_bits=xp().packbits(mask.reshape(-1)))
+        elif ctx.saving:
+            ctx.save(mask=mask)
         ctx.flops = (2 * numel(x.shape), 3 * numel(x.shape))
         out = x * mask
         out *= xp().asarray(ctx.scale, dtype=x.dtype)
@@ -275,7 +297,9 @@ class Dropout(Function):
     @staticmethod
     def backward(ctx, grad_out):
         n = numel(grad_out.shape)
-        mask = xp().unpackbits(ctx.saved["mask_bits"])[:n].reshape(grad_out.shape)  # 0/1 as uint8
+        mask = ctx.saved.get("mask")
+        if mask is None:
+            mask = xp().unpackbits(ctx.saved["mask_bits"])[:n].reshape(grad_out.shape)  # 0/1 as uint8
         grad = grad_out * mask
         grad *= xp().asarray(ctx.scale, dtype=grad.dtype)
         return grad
