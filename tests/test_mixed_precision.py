@@ -179,3 +179,36 @@ def test_master_weights_match_a_pytorch_reference():
                 p.grad = None
         theirs.append(tloss.item())
     np.testing.assert_allclose(ours, theirs, rtol=2e-2)
+
+
+def test_a_main_gradient_accumulates_in_float32_for_a_half_parameter():
+    w = nn.Parameter(np.full((3,), 1.0, dtype=BFLOAT16), name="w", grad_dtype=np.float32)
+    x = tg.Tensor(np.full((3,), 1e-3, dtype=BFLOAT16))
+    with tg.Ledger() as led:
+        for _ in range(4):
+            (w * x).sum().backward()
+    assert w.grad.dtype == np.float32
+    expected = 4 * np.float32(np.asarray(1e-3, dtype=BFLOAT16))
+    assert np.allclose(w.grad, expected, rtol=0, atol=1e-9)  # 4 small bfloat16 gradients summed in float32
+    released = {e.buffer for e in led.events if e.action == "released"}
+    held = [e for e in led.events if e.category == "gradient" and e.tensor == "w" and e.buffer not in released]
+    assert [(e.dtype, e.nbytes) for e in held] == [("float32", 12)]  # the bfloat16 ones in flight were let go
+    with pytest.raises(ValueError, match="float32"):
+        w.grad = np.zeros(3, dtype=BFLOAT16)  # .grad must keep the main gradient's dtype
+
+
+@pytest.mark.parametrize("precision, weights, grads, states", [
+    ("fp32", 4, 4, 8), ("bf16", 2, 2, 8), ("amp-bf16", 4, 4, 8), ("mixed-bf16", 2, 4, 12), ("mixed-fp16", 2, 4, 12)])
+def test_each_precision_holds_its_bytes_a_parameter(precision, weights, grads, states):
+    from tinygrad_ckpt import estimate, measure
+
+    shape = estimate.GPTShape(n_layer=2, d_model=64, n_head=4, seq_len=16, batch=2, vocab_size=100)
+    step = measure.SteadyStep(shape, precision=precision, backend_name="numpy")
+    led, _ = step.measure()
+    n = step.model.num_parameters()
+    assert led.peak_bytes("parameter") == weights * n
+    assert led.peak_bytes("optimizer") == states * n
+    grad_dtype = "float32" if grads == 4 else step.model.parameters()[0].dtype.name
+    for p in step.model.parameters():  # each .grad is held in its main-gradient dtype
+        kept = {(e.dtype, e.nbytes) for e in led.events if e.category == "gradient" and e.tensor == p.name}
+        assert (grad_dtype, grads * p.size) in kept, (p.name, kept)

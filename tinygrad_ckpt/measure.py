@@ -16,12 +16,15 @@ measurements changes nothing else; a mixture of experts routes tokens evenly the
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, nn, optim
+from . import backend, nn, optim, state
+from .amp import autocast
 from .estimate import GPTShape, LlamaShape, active_parameter_count, parameter_count
 from .events import within
 from .ledger import Ledger
@@ -40,41 +43,112 @@ def using_backend(name: str):
         backend.use_backend(previous)
 
 
-def build_model(shape):
-    """The engine's model of a shape, on the active backend: nn.GPT for a GPTShape, nn.Llama for a LlamaShape."""
+@dataclass(frozen=True)
+class Precision:
+    """How a run keeps its numbers: the parameters' dtype, autocast's half dtype (None: off), whether there are
+    float32 master weights and main gradients (Megatron's mixed precision), and the AdamW states' dtype."""
+
+    name: str
+    weights: str
+    autocast: str | None
+    master: bool
+    states: str
+    about: str
+
+
+PRECISIONS = {p.name: p for p in (
+    Precision("fp32", "float32", None, False, "float32",
+              "float32 throughout: 4 B weights + 4 B gradients + 8 B AdamW states a parameter"),
+    Precision("bf16", "bfloat16", None, False, "float32",
+              "pure bfloat16 weights, gradients and activations, AdamW states in float32 (12 B a parameter)"),
+    Precision("fp16", "float16", None, False, "float32",
+              "pure float16 weights, gradients and activations, AdamW states in float32 (12 B a parameter; the "
+              "seed's assumption)"),
+    Precision("amp-bf16", "float32", "bfloat16", False, "float32",
+              "PyTorch autocast: float32 weights, gradients and AdamW states (16 B a parameter); matmuls, linears "
+              "and attention in bfloat16, softmax, norms, the loss and the logits it reads in float32"),
+    Precision("amp-fp16", "float32", "float16", False, "float32",
+              "PyTorch autocast: float32 weights, gradients and AdamW states (16 B a parameter); matmuls, linears "
+              "and attention in float16, softmax, norms, the loss and the logits it reads in float32"),
+    Precision("mixed-bf16", "bfloat16", None, True, "float32",
+              "Megatron/DeepSpeed mixed precision: bfloat16 weights and activations, float32 main gradients, master "
+              "weights and AdamW states (18 B a parameter)"),
+    Precision("mixed-fp16", "float16", None, True, "float32",
+              "Megatron/DeepSpeed mixed precision: float16 weights and activations, float32 main gradients, master "
+              "weights and AdamW states (18 B a parameter)"),
+    Precision("fp64", "float64", None, False, "float64", "float64 throughout (gradient checks)"),
+)}
+
+
+def precision_of(name_or_dtype: str) -> Precision:
+    """A PRECISIONS entry by name, or the pure precision of a dtype ("float16" -> fp16, "bfloat16" -> bf16)."""
+    by_dtype = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+    name = by_dtype.get(name_or_dtype, name_or_dtype)
+    if name not in PRECISIONS:
+        raise ValueError(f"unknown precision {name_or_dtype!r}: choose {', '.join(PRECISIONS)}")
+    return PRECISIONS[name]
+
+
+def build_model(shape, attention: str = "explicit"):
+    """The engine's model of a shape, on the active backend: nn.GPT for a GPTShape, nn.Llama for a LlamaShape;
+    attention "explicit" (the [B, H, T, T] weights kept) or "flash" (the chunked op: none kept, as FlashAttention)."""
+    impl = {"explicit": "explicit", "flash": "chunked", "chunked": "chunked"}[attention]
     if isinstance(shape, LlamaShape):
         return nn.Llama(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
                         n_kv_head=shape.n_kv_head, ffn_hidden=shape.ffn_hidden, rope_theta=shape.rope_theta,
                         norm_eps=shape.norm_eps, tie_embeddings=shape.tie_embeddings, n_experts=shape.n_experts,
-                        experts_per_token=shape.experts_per_token, dropout=shape.dropout)
+                        experts_per_token=shape.experts_per_token, dropout=shape.dropout, attention=impl)
     return nn.GPT(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
-                  dropout=shape.dropout)
+                  dropout=shape.dropout, attention=impl)
+
+
+def _set_up(model, precision: Precision | None, optimizer: str, state_dtype):
+    """The model in the precision's weights, its optimizer ("adamw", "sgd" or "none") as the precision keeps it."""
+    if precision is None:  # the shape's dtype, AdamW states in `state_dtype` (as before precisions)
+        weights, master, states = None, False, state_dtype
+    else:
+        weights, master, states = precision.weights, precision.master, np.dtype(precision.states)
+    if weights is not None and weights != "float32":
+        model.to(np.dtype(weights))
+    params = model.parameters()
+    for p in params if master else ():
+        p.grad_dtype = np.dtype(np.float32)  # the main gradient
+    return {"adamw": lambda: optim.AdamW(params, state_dtype=states, master_weights=master),
+            "sgd": lambda: optim.SGD(params, lr=0.1, master_weights=master), "none": lambda: None}[optimizer]()
 
 
 class SteadyStep:
     """The model of `shape` (a GPTShape or a LlamaShape) and its optimizer ("adamw", "sgd" or "none"), one training
-    step already taken."""
+    step already taken; `precision` (a PRECISIONS name; None: the shape's dtype with `state_dtype` states),
+    `attention` ("explicit" or "flash") and `saves` (what framework's saves: state.saves_like) say how the run
+    keeps its numbers."""
 
-    def __init__(self, shape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta"):
+    def __init__(self, shape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta",
+                 precision: str | None = None, attention: str = "explicit", saves: str = "engine"):
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"SteadyStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
-        self.shape, self.backend_name = shape, backend_name
+        self.precision = None if precision is None else precision_of(precision)
+        if self.precision is not None:
+            shape = dataclasses.replace(shape, dtype=self.precision.weights if self.precision.autocast is None
+                                        else self.precision.autocast)  # the values' dtype, for the formulas
+        self.shape, self.backend_name, self.saves = shape, backend_name, saves
         with using_backend(backend_name):
             backend.manual_seed(0)
-            self.model = build_model(shape)
-            if shape.dtype != "float32":
+            self.model = build_model(shape, attention)
+            if self.precision is None and shape.dtype != "float32":
                 self.model.to(np.dtype(shape.dtype))
-            params = self.model.parameters()
-            self.opt = {"adamw": lambda: optim.AdamW(params, state_dtype=state_dtype),
-                        "sgd": lambda: optim.SGD(params, lr=0.1), "none": lambda: None}[optimizer]()
+            self.opt = _set_up(self.model, self.precision, optimizer, state_dtype)
             self.idx = backend.xp().zeros((shape.batch, shape.seq_len), dtype=np.int64)
             if self.opt is not None:
                 self._step()
                 self.opt.zero_grad()
 
     def _step(self) -> None:
-        _, loss = self.model(self.idx, self.idx)
-        loss.backward()
+        half = self.precision.autocast if self.precision is not None else None
+        with state.saves_like(self.saves):
+            with autocast(half) if half else contextlib.nullcontext():
+                _, loss = self.model(self.idx, self.idx)
+            loss.backward()
         if self.opt is not None:
             self.opt.step()
 
@@ -181,11 +255,13 @@ class Estimate(NamedTuple):
 
 
 def estimate_step(shape, checkpoint=None, optimizer: str = "adamw", state_dtype=np.float32,
-                  backend_name: str = "meta") -> Estimate:
+                  backend_name: str = "meta", precision: str | None = None, attention: str = "explicit",
+                  saves: str = "engine") -> Estimate:
     """Build the model of `shape` (estimate.preset gives published ones), take a first step, and measure the next one
-    under `checkpoint` (see SteadyStep.measure): what `tinygrad-ckpt estimate --model NAME` reports."""
+    under `checkpoint` (see SteadyStep, which reads precision, attention and saves): what `tinygrad-ckpt estimate
+    --model NAME` reports."""
     t0 = time.perf_counter()
-    step = SteadyStep(shape, optimizer, state_dtype, backend_name)
+    step = SteadyStep(shape, optimizer, state_dtype, backend_name, precision, attention, saves)
     setup = time.perf_counter() - t0
     led, seconds = step.measure(checkpoint)
     return Estimate(shape, led, seconds, setup, parameter_count(shape), active_parameter_count(shape))

@@ -44,6 +44,7 @@ class Tensor:
 
     __slots__ = ("data", "requires_grad", "name", "_grad", "_uid", "_entry", "_index", "__weakref__")
     is_parameter = False
+    grad_dtype = None  # the dtype `.grad` accumulates in: the tensor's own (Parameter can say otherwise)
     __array_ufunc__ = None  # NumPy's operators return NotImplemented, so Python calls ours (np_array + t: __radd__)
     __hash__ = object.__hash__  # by identity: == compares values
 
@@ -81,8 +82,9 @@ class Tensor:
             if not be.is_array(value):
                 raise TypeError(f".grad of '{label}' must be a {be.name} array (as backward leaves it), got "
                                 f"{type(value).__name__}; for a Tensor g, assign g.data.")
-            if tuple(value.shape) != self.shape or value.dtype != self.dtype:
-                raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} {self.dtype}, got "
+            if tuple(value.shape) != self.shape or value.dtype != (self.grad_dtype or self.dtype):
+                raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} "
+                                 f"{self.grad_dtype or self.dtype}, got "
                                  f"{list(value.shape)} {value.dtype}.")
             observe.alloc(value, "gradient", label, "grad")
         self._grad = value
@@ -139,6 +141,8 @@ class Tensor:
         """self.grad += g, as PyTorch's AccumulateGrad: the first gradient becomes `.grad` (backward hands over
         an array it made and no one else holds: tape._Gradients decides), later ones add into it in place."""
         if self._grad is None:
+            if self.grad_dtype is not None and g.dtype != self.grad_dtype:
+                g = g.astype(self.grad_dtype)
             observe.alloc(g, "gradient", self.name or "tensor", "grad")
             self._grad = g
         else:
@@ -407,13 +411,16 @@ class Tensor:
 
 
 class Parameter(Tensor):
-    """A trainable leaf tensor owned by a module (counted as "parameter" by the ledger)."""
+    """A trainable leaf tensor owned by a module (counted as "parameter" by the ledger). `grad_dtype`: the dtype its
+    `.grad` accumulates in, None for its own; float32 for a half-precision parameter is Megatron's "main grad"
+    (mixed precision: half weights, gradients summed in float32 for a float32 master copy)."""
 
-    __slots__ = ()
+    __slots__ = ("grad_dtype",)
     is_parameter = True
 
-    def __init__(self, data, name: str | None = None):
+    def __init__(self, data, name: str | None = None, grad_dtype=None):
         super().__init__(data, requires_grad=True, name=name)
+        self.grad_dtype = None if grad_dtype is None else np.dtype(grad_dtype)
 
 
 def increment_version(tensor: Tensor) -> int:
