@@ -212,3 +212,25 @@ def test_each_precision_holds_its_bytes_a_parameter(precision, weights, grads, s
     for p in step.model.parameters():  # each .grad is held in its main-gradient dtype
         kept = {(e.dtype, e.nbytes) for e in led.events if e.category == "gradient" and e.tensor == p.name}
         assert (grad_dtype, grads * p.size) in kept, (p.name, kept)
+
+
+@pytest.mark.parametrize("saves", ["engine", "pytorch", "megatron"])
+def test_a_checkpoint_replays_under_the_autocast_and_saves_its_forward_ran_under(saves):
+    """Backward runs after the blocks closed; the replay must cast and save as the forward did (PyTorch's
+    checkpoint restores autocast's state), else it diverges or its gradients differ."""
+    def grads(checkpoint):
+        tg.manual_seed(0)
+        model = nn.GPT(64, 16, 2, 2, 32, dropout=0.1)
+        idx = np.random.default_rng(0).integers(0, 64, (2, 16))
+        model.checkpoint = checkpoint
+        with tg.saves_like(saves):
+            with tg.autocast("bfloat16"):
+                _, loss = model(idx, idx)
+        loss.backward()  # outside both blocks
+        return loss.data, {n: p.grad for n, p in model.named_parameters()}
+
+    plain_loss, plain = grads(None)
+    ckpt_loss, ckpt = grads("every_layer")
+    assert plain_loss == ckpt_loss
+    for name in plain:
+        assert np.array_equal(plain[name], ckpt[name]), name

@@ -99,7 +99,8 @@ class SegmentReplay(SegmentObserver):
 class Replay:
     """How to run a segment again: the function, where its tensor arguments go (and their names and whether they
     require grad), the outside tensors it read (weakly, with the sequence number it began at), the forward's
-    ops (names, RNG states), name scope and features."""
+    ops (names, RNG states), name scope, features, and the modes it ran under (autocast's dtype, whose saves):
+    the replay runs under the same, as torch.utils.checkpoint restores autocast's state."""
 
     fn: object
     structure: object
@@ -111,6 +112,7 @@ class Replay:
     prefix: str
     features: list
     name: str  # what the segment holds ("transformer.h.0", "transformer.h.0-3", a function's name)
+    modes: dict  # {"autocast": half dtype or None, "saves": "engine" | "pytorch" | "megatron"} of the forward
 
     def __repr__(self) -> str:
         rng = "its RNG state" if self.rng else "no RNG state"
@@ -145,7 +147,7 @@ class Replay:
                 for o in watching:
                     stack.enter_context(observe.observing(o))
                 stack.enter_context(state.patched(prefix=self.prefix, grad_enabled=True,
-                                                  segments=state.local.segments + 1))
+                                                  segments=state.local.segments + 1, **self.modes))
                 stack.enter_context(observe.phase("recompute"))
                 out = self.fn(*args, **kwargs)
         finally:
@@ -296,7 +298,8 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
                                           edge_name(key_of(t))) for t in tensors),
                     tuple((weakref.ref(t), id(be.buffer(t.data)[0])) for t in segment.outside.values()
                           if id(t) not in explicit),
-                    tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held)
+                    tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
+                    {"autocast": st.autocast, "saves": st.saves})
     segment.outside = {}  # the entry's edges reach them now; the segment must not hold their data
     kept = keep.arrays_to_keep() if keep is not None else {}
     with state.name_scope(held):
