@@ -29,17 +29,21 @@ This module parses the arguments and dispatches; what the commands measure and p
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 
-from . import backend
+from . import backend, cuda_allocator, devices
 from . import estimate as est
+from .measure import PRECISIONS, SteadyStep, best_plan, precision_of
 from .parallel import Parallelism
-from .report import explore, measure, parallel_report, report
-from .units import parse_bytes
+from .report import device_fit, explore, measured, parallel_report, report, run_summary
+from .state import SAVES
+from .units import format_bytes, parse_bytes
 
 _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
-           "float": "float32", "single": "float32", "float64": "float64", "fp64": "float64", "double": "float64"}
+           "float": "float32", "single": "float32", "float64": "float64", "fp64": "float64", "double": "float64",
+           "bfloat16": "bfloat16", "bf16": "bfloat16"}
 
 
 def parse_size(text: str) -> int:
@@ -78,8 +82,23 @@ def _dtype(text: str) -> str:
         return _DTYPES[text.lower()]
     except KeyError:
         raise argparse.ArgumentTypeError(
-            f"unsupported dtype {text!r}: choose float16, float32 or float64 (NumPy has no bfloat16)"
+            f"unsupported dtype {text!r}: choose float16, bfloat16, float32 or float64 (or --precision)"
         ) from None
+
+
+def _gpu(text: str):
+    try:
+        return devices.parse_gpu(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _alloc_conf(text: str) -> str:
+    try:
+        cuda_allocator.Settings.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def _checkpoint(text: str):
@@ -94,19 +113,47 @@ def _checkpoint(text: str):
 
 # ---- the command line ----------------------------------------------------------------------------
 def _gpt_arguments(p: argparse.ArgumentParser) -> None:
-    """The GPT and training set-up flags `estimate` and `explore` share (defaults: the seed's 7B example)."""
-    p.add_argument("--layers", type=_positive, default=32,
+    """The model and run flags `estimate` and `explore` share. Unset, a shape flag takes the --model preset's value,
+    else the seed's 7B example's; the report lists each value it assumed."""
+    p.add_argument("--model", choices=tuple(est.PRESETS), metavar="NAME",
+                   help=f"a published model: {', '.join(est.PRESETS)} (its shape; any flag given overrides it)")
+    p.add_argument("--arch", choices=("gpt2", "llama"), default=None,
+                   help="gpt2 (nanoGPT's blocks) or llama (RMSNorm, rotary positions, SwiGLU, grouped-query "
+                        "attention, optional experts); default the preset's, else gpt2")
+    p.add_argument("--layers", type=_positive, default=None,
                    help="number of transformer blocks (default 32; a command runs at most 8192 blocks on the meta "
                         "backend, about a minute: 4096 layers for estimate)")
-    p.add_argument("--d-model", type=_positive, default=4096, help="model width (default 4096)")
-    p.add_argument("--heads", type=_positive, default=32, help="attention heads, dividing d-model (default 32)")
-    p.add_argument("--seq", type=_positive, default=2048, help="sequence length T (default 2048)")
-    p.add_argument("--batch", type=_positive, default=4, help="batch size B (default 4)")
-    p.add_argument("--vocab", type=_positive, default=32000, help="vocabulary size (default 32000)")
-    p.add_argument("--dtype", type=_dtype, default="float16", help="float16 | float32 | float64 (default float16)")
+    p.add_argument("--d-model", type=_positive, default=None, help="model width (default 4096)")
+    p.add_argument("--heads", type=_positive, default=None, help="attention heads, dividing d-model (default 32)")
+    p.add_argument("--kv-heads", type=_positive, default=None,
+                   help="key/value heads, dividing --heads (llama; default --heads: multi-head attention; 1 is "
+                        "multi-query)")
+    p.add_argument("--ffn", type=_positive, default=None,
+                   help="SwiGLU hidden width (llama; default Llama's rule: 8/3 d rounded up to a multiple of 256)")
+    p.add_argument("--experts", type=int, default=None, metavar="E",
+                   help="experts in each MLP (llama; default 0: dense; 8 for Mixtral)")
+    p.add_argument("--experts-per-token", type=_positive, default=None, metavar="K",
+                   help="experts each token runs through (llama with --experts; default 2)")
+    p.add_argument("--seq", type=_positive, default=None,
+                   help="sequence length T (default 2048, or min(2048, the preset's context))")
+    p.add_argument("--batch", type=_positive, default=None, help="batch size B (default 4, or 1 with --model)")
+    p.add_argument("--vocab", type=_positive, default=None, help="vocabulary size (default 32000, or the preset's)")
+    p.add_argument("--dtype", type=_dtype, default=None,
+                   help="float16 | bfloat16 | float32 | float64: pure precision in that dtype (as --precision "
+                        "fp16, bf16, fp32, fp64)")
+    p.add_argument("--precision", choices=tuple(PRECISIONS), default=None,
+                   help="fp32 | bf16 | fp16 (pure) | amp-bf16 | amp-fp16 (PyTorch autocast, float32 weights) | "
+                        "mixed-bf16 | mixed-fp16 (Megatron/DeepSpeed: half weights, float32 master weights, main "
+                        "gradients and states); default fp16")
+    p.add_argument("--attention", choices=("explicit", "flash"), default=None,
+                   help="explicit (the [B, H, T, T] weights kept, nanoGPT without flash) or flash (FlashAttention / "
+                        "SDPA: q, k, v, the output and a log-sum-exp a row); default explicit")
+    p.add_argument("--saves", choices=tuple(SAVES), default=None,
+                   help="whose choice of saved arrays the ops follow: engine (this engine's), pytorch (PyTorch's "
+                        "autograd on CUDA) or megatron (Korthikanti et al.'s Table 2); default engine")
     p.add_argument("--optimizer", choices=("adamw", "sgd", "none"), default="adamw",
                    help="adamw (two states per parameter), sgd (none) or none (no step)")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability (default 0.0)")
+    p.add_argument("--dropout", type=float, default=None, help="dropout probability (default 0.0)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -128,11 +175,21 @@ def _parser() -> argparse.ArgumentParser:
                     "Defaults: the seed's 7B example.",
     )
     _gpt_arguments(e)
-    e.add_argument("--checkpoint", type=_checkpoint, default="none",
-                   help="none | every_layer | sqrt | selective (Korthikanti) | a number of segments")
-    e.add_argument("--capacity", type=lambda t: None if t.lower() == "none" else parse_size(t), default="80GB",
-                   help="device memory to compare the peak with, with its unit: 80GB, 80GiB, 74.5GiB or none "
-                        "(default 80GB)")
+    e.add_argument("--checkpoint", type=_checkpoint, default=None,
+                   help="none | every_layer | sqrt | selective (Korthikanti) | a number of segments (default none)")
+    e.add_argument("--gpu", type=_gpu, default=None, metavar="NAME",
+                   help=f"the device: {', '.join(devices.DEVICES)} (or the name CUDA reports); its capacity is the "
+                        "memory it reports less CUDA's context and workspaces (default H100-80GB)")
+    e.add_argument("--capacity", type=lambda t: "none" if t.lower() == "none" else parse_size(t), default=None,
+                   help="device memory for tensors instead of --gpu's, with its unit: 80GB, 80GiB, 74.5GiB, or none "
+                        "for no verdict")
+    e.add_argument("--alloc-conf", type=_alloc_conf, default="", metavar="CONF",
+                   help="PyTorch's caching-allocator settings, PYTORCH_CUDA_ALLOC_CONF's syntax (e.g. "
+                        "expandable_segments:True); the reserved peak is simulated with them")
+    e.add_argument("--budget", type=parse_size, default=None, metavar="SIZE",
+                   help="find the planner's plan with the least recompute whose measured total peak fits SIZE, "
+                        "and report that run (instead of --checkpoint)")
+    e.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     e.add_argument("--tensor-parallel", type=_positive, default=1, metavar="T",
                    help="Megatron tensor parallelism over T devices (heads and the 4d hidden split by T)")
     e.add_argument("--sequence-parallel", action="store_true",
@@ -141,6 +198,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="P pipeline stages of layers/P (1F1B); device 0 is the first stage")
     e.add_argument("--microbatches", type=_positive, default=None, metavar="M",
                    help="microbatches per batch, with --pipeline-parallel (default P)")
+    e.add_argument("--virtual-stages", type=_positive, default=1, metavar="V",
+                   help="model chunks per pipeline device: Megatron's interleaved 1F1B (layers/(P·V) a chunk)")
     e.add_argument("--zero", type=int, choices=(1, 2, 3), default=0,
                    help="ZeRO stage over --data-parallel replicas: 1 optimizer states, 2 + gradients, 3 + parameters")
     e.add_argument("--data-parallel", type=_positive, default=1, metavar="D", help="data-parallel replicas")
@@ -181,8 +240,8 @@ def _check_cost(parser, args, passes: int, layers: int, what: str) -> None:
     if runs > MAX_BLOCK_RUNS:
         seconds = runs * 0.0045
         took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
-        parser.error(f"--layers {args.layers}: this {args.command} would run {runs:,} blocks on the meta backend "
-                     f"({what}; about {took} and {runs * 0.1 / 1000:,.1f} GB), more than the limit of "
+        parser.error(f"--layers {args.layers or layers}: this {args.command} would run {runs:,} blocks on the meta "
+                     f"backend ({what}; about {took} and {runs * 0.1 / 1000:,.1f} GB), more than the limit of "
                      f"{MAX_BLOCK_RUNS:,}. The per-block numbers do not depend on the depth: measure fewer layers "
                      "and scale")
 
@@ -230,49 +289,151 @@ def main(argv=None) -> int:
             print(f"tinygrad-ckpt figures: error: {exc}", file=sys.stderr)
             return 1
         return result if isinstance(result, int) else 0
-    try:
-        shape = est.GPTShape(n_layer=args.layers, d_model=args.d_model, n_head=args.heads, seq_len=args.seq,
-                             batch=args.batch, vocab_size=args.vocab, dtype=args.dtype, dropout=args.dropout)
-    except ValueError as exc:
-        parser.error(str(exc))
-    plans = args.checkpoint if isinstance(args.checkpoint, list) else [args.checkpoint]
-    for plan in plans:
-        if isinstance(plan, int) and plan > args.layers:
-            parser.error(f"--checkpoint {plan}: more segments than the {args.layers} layers; choose 1 to "
-                         f"{args.layers} (or every_layer, sqrt)")
+    shape, assumed = _shape(parser, args)
+    run = _run(parser, args, assumed)
     if args.command == "explore":
-        _check_cost(parser, args, 1 + len(plans), args.layers, f"a first step, then one per plan: {1 + len(plans)} "
-                    f"× {args.layers} layers")
+        plans = args.checkpoint
+        for plan in plans:
+            if isinstance(plan, int) and plan > shape.n_layer:
+                parser.error(f"--checkpoint {plan}: more segments than the {shape.n_layer} layers; choose 1 to "
+                             f"{shape.n_layer} (or every_layer, sqrt)")
+        _check_cost(parser, args, 1 + len(plans), shape.n_layer, f"a first step, then one per plan: {1 + len(plans)} "
+                    f"× {shape.n_layer} layers")
         try:
-            written = explore(shape, args.optimizer, args.checkpoint, args.out, args.memory_viz)
+            written = explore(shape, args.optimizer, plans, args.out, args.memory_viz, **run)
         except OSError as exc:
             parser.error(f"cannot write {exc.filename or args.out}: {exc.strerror or exc}")
         for path in written:
             print(f"wrote {path}")
         return 0
+    if args.budget is not None and args.checkpoint is not None:
+        parser.error(f"--budget {args.budget:,} B finds the plan itself: leave out --checkpoint {args.checkpoint}")
+    checkpoint = args.checkpoint or "none"
+    if isinstance(checkpoint, int) and checkpoint > shape.n_layer:
+        parser.error(f"--checkpoint {checkpoint}: more segments than the {shape.n_layer} layers; choose 1 to "
+                     f"{shape.n_layer} (or every_layer, sqrt)")
+    device, capacity = _device(args, assumed)
     if args.microbatches is not None and args.pipeline_parallel == 1:
         parser.error(f"--microbatches {args.microbatches} needs --pipeline-parallel > 1 (microbatches feed pipeline "
                      "stages)")
     par = Parallelism(args.tensor_parallel, args.sequence_parallel, args.pipeline_parallel,
-                      args.microbatches or args.pipeline_parallel, args.zero, args.data_parallel)
+                      args.microbatches or args.pipeline_parallel, args.zero, args.data_parallel, args.virtual_stages)
     steps = 1 if args.optimizer == "none" else 2  # a first step makes the optimizer states, then the measured one
     if par == Parallelism():
-        _check_cost(parser, args, steps, args.layers, f"{steps} step(s) × {args.layers} layers")
-        print(report(measure(shape, args.optimizer, args.checkpoint), args.capacity))
+        _check_cost(parser, args, steps if args.budget is None else steps + 12, shape.n_layer,
+                    f"{steps} step(s) × {shape.n_layer} layers" + ("" if args.budget is None else
+                                                                   " + about 12 plans measured for --budget"))
+        step = SteadyStep(shape, args.optimizer, **run)
+        search = None
+        if args.budget is not None:
+            search = best_plan(step, args.budget)
+            checkpoint = search.plan if search.plan is not None else "every_layer"
+        m = measured(step, args.optimizer, checkpoint)
+        fit = device_fit(m.ledger.events, capacity, device, args.alloc_conf)
+        print(json.dumps(run_summary(m, fit, assumed, search)) if args.json else
+              report(m, capacity, fit, assumed, search))
         return 0
+    if args.budget is not None:
+        parser.error("--budget plans one device's blocks: leave out the parallelism flags")
+    if not isinstance(shape, est.GPTShape):
+        parser.error("parallelism is modelled for GPT-2 shapes (tinygrad_ckpt/parallel.py); leave out --arch llama "
+                     "or the parallelism flags")
     try:
         par.check(shape)
     except ValueError as exc:
         parser.error(str(exc).replace("tensor_parallel", "--tensor-parallel").replace(
             "pipeline_parallel", "--pipeline-parallel").replace("sequence_parallel", "--sequence-parallel").replace(
-            "data_parallel", "--data-parallel").replace("microbatches", "--microbatches").replace("zero", "--zero"))
-    _check_cost(parser, args, steps * par.microbatches, args.layers // par.pipeline,  # device 0: one stage
-                f"{steps} step(s) × {par.microbatches} microbatch(es) × {args.layers // par.pipeline} layers of one "
-                "stage")
-    if not isinstance(args.checkpoint, str) or args.checkpoint not in ("none", "selective", "every_layer"):
-        parser.error(f"--checkpoint {args.checkpoint} with parallelism: choose none, selective or every_layer")
-    print(parallel_report(shape, par, args.optimizer, args.checkpoint, args.capacity))
+            "data_parallel", "--data-parallel").replace("microbatches", "--microbatches").replace(
+            "virtual_stages", "--virtual-stages").replace("zero", "--zero"))
+    _check_cost(parser, args, steps * par.microbatches * par.virtual, shape.n_layer // (par.pipeline * par.virtual),
+                f"{steps} step(s) × {par.microbatches} microbatch(es) × {shape.n_layer // par.pipeline} layers of one "
+                "stage" if par.virtual == 1 else f"{steps} step(s) × {par.microbatches} microbatch(es) × "
+                f"{par.virtual} chunks × {shape.n_layer // (par.pipeline * par.virtual)} layers of one chunk")
+    if not isinstance(checkpoint, str) or checkpoint not in ("none", "selective", "every_layer"):
+        parser.error(f"--checkpoint {checkpoint} with parallelism: choose none, selective or every_layer")
+    print(parallel_report(shape, par, args.optimizer, checkpoint, capacity, device=device,
+                          alloc_conf=args.alloc_conf, assumed=assumed, as_json=args.json, **run))
     return 0
+
+
+# the seed's 7B example: what a shape flag is when neither it nor --model says
+SEED_SHAPE = {"n_layer": 32, "d_model": 4096, "n_head": 32, "seq_len": 2048, "batch": 4, "vocab_size": 32000}
+_FLAGS = {"n_layer": "layers", "d_model": "d_model", "n_head": "heads", "seq_len": "seq", "batch": "batch",
+          "vocab_size": "vocab", "n_kv_head": "kv_heads", "ffn_hidden": "ffn", "n_experts": "experts",
+          "experts_per_token": "experts_per_token", "dropout": "dropout"}
+_LLAMA_ONLY = ("n_kv_head", "ffn_hidden", "n_experts", "experts_per_token")
+
+
+def _flag(field: str) -> str:
+    return "--" + _FLAGS[field].replace("_", "-")
+
+
+def _shape(parser, args):
+    """(the shape the flags describe, what was assumed): the preset's fields or the seed's, each flag given over
+    them; every value the user did not give is named in `assumed`."""
+    given = {f: getattr(args, a) for f, a in _FLAGS.items() if getattr(args, a) is not None}
+    assumed = []
+    dtype = _values_dtype(parser, args)
+    try:
+        if args.model:
+            seq, batch = given.pop("seq_len", None), given.pop("batch", 1)
+            shape = est.preset(args.model, seq_len=seq, batch=batch, dtype=dtype, arch=args.arch, **given)
+            assumed += est.assumptions(shape, args.model)
+            if seq is None:
+                assumed.append(f"seq {shape.seq_len}: min(2048, the preset's context of {shape.block_size}) (--seq)")
+            if args.batch is None:
+                assumed.append("batch 1 (--batch)")
+        else:
+            arch = args.arch or "gpt2"
+            if arch == "gpt2":
+                llama = [_flag(f) for f in _LLAMA_ONLY if f in given]
+                if llama:
+                    parser.error(f"{', '.join(llama)}: Llama settings; add --arch llama (or --model llama-3-8b ...)")
+            if args.arch is None:
+                assumed.append("arch gpt2: nanoGPT's blocks (--arch llama, or --model NAME)")
+            for field, value in SEED_SHAPE.items():
+                if field not in given:
+                    note = "; GPT-2's tokenizer has 50,257" if field == "vocab_size" else ""
+                    assumed.append(f"{_flag(field)[2:]} {value}: the seed's 7B example{note} ({_flag(field)})")
+            fields = {**SEED_SHAPE, **given}
+            shape = (est.GPTShape if arch == "gpt2" else est.LlamaShape)(dtype=dtype, **fields)
+    except ValueError as exc:
+        parser.error(str(exc))
+    return shape, assumed
+
+
+def _values_dtype(parser, args) -> str:
+    """The dtype --precision or --dtype gives the shape (refusing the two when they disagree)."""
+    if args.precision and args.dtype and precision_of(args.dtype).name != args.precision:
+        parser.error(f"--dtype {args.dtype} is pure {precision_of(args.dtype).name}, but --precision says "
+                     f"{args.precision}: give one of them")
+    return precision_of(args.precision or args.dtype or "fp16").weights
+
+
+def _run(parser, args, assumed) -> dict:
+    """How the run keeps its numbers (SteadyStep's precision, attention and saves), each default named in
+    `assumed`."""
+    precision = precision_of(args.precision or args.dtype or "fp16")
+    if args.precision is None and args.dtype is None:
+        assumed.append(f"precision fp16: {precision.about} (--precision)")
+    if args.attention is None:
+        assumed.append("attention explicit: the [B, H, T, T] weights are kept, as nanoGPT without flash "
+                       "(--attention flash: FlashAttention or PyTorch's SDPA)")
+    if args.saves is None:
+        assumed.append("saves engine: this engine's choice of saved arrays (--saves pytorch | megatron)")
+    return {"precision": precision.name, "attention": args.attention or "explicit", "saves": args.saves or "engine"}
+
+
+def _device(args, assumed):
+    """(the devices.Device or None, the capacity in bytes or None) from --gpu and --capacity."""
+    if args.capacity is not None:  # a number, or "none": no verdict
+        return args.gpu, None if args.capacity == "none" else args.capacity
+    device = args.gpu or devices.DEVICES["H100-80GB"]
+    if args.gpu is None:
+        assumed.append(f"device {device.name}: {format_bytes(device.usable_bytes)} for tensors, the "
+                       f"{format_bytes(device.total_bytes)} it reports less {format_bytes(device.overhead_bytes)} for "
+                       "CUDA's context and workspaces (--gpu NAME, --capacity SIZE)")
+    return device, device.usable_bytes
 
 
 if __name__ == "__main__":

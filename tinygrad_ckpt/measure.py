@@ -26,10 +26,11 @@ import numpy as np
 from . import backend, nn, optim, state
 from .amp import autocast
 from .estimate import GPTShape, LlamaShape, active_parameter_count, parameter_count
-from .events import within
+from .events import CATEGORIES, within
 from .ledger import Ledger
 from .planner import LayerCost
 from .policies import korthikanti_selective
+from .tensor import Tensor
 
 
 @contextlib.contextmanager
@@ -89,10 +90,28 @@ def precision_of(name_or_dtype: str) -> Precision:
     return PRECISIONS[name]
 
 
+_ATTENTION = {"explicit": "explicit", "flash": "chunked", "chunked": "chunked"}  # a run's attention -> the op's
+
+
+def _described(shape, precision: str | None):
+    """(the Precision or None, the shape with the dtype its values take: autocast's half, else the weights')."""
+    if precision is None:
+        return None, shape
+    p = precision_of(precision)
+    return p, dataclasses.replace(shape, dtype=p.autocast or p.weights)
+
+
+def _autocast(precision: Precision | None):
+    """The precision's autocast block, or nothing."""
+    return autocast(precision.autocast) if precision is not None and precision.autocast else contextlib.nullcontext()
+
+
 def build_model(shape, attention: str = "explicit"):
     """The engine's model of a shape, on the active backend: nn.GPT for a GPTShape, nn.Llama for a LlamaShape;
     attention "explicit" (the [B, H, T, T] weights kept) or "flash" (the chunked op: none kept, as FlashAttention)."""
-    impl = {"explicit": "explicit", "flash": "chunked", "chunked": "chunked"}[attention]
+    if attention not in _ATTENTION:
+        raise ValueError(f"attention must be 'explicit' or 'flash', got {attention!r}")
+    impl = _ATTENTION[attention]
     if isinstance(shape, LlamaShape):
         return nn.Llama(shape.vocab_size, shape.block_size, shape.n_layer, shape.n_head, shape.d_model,
                         n_kv_head=shape.n_kv_head, ffn_hidden=shape.ffn_hidden, rope_theta=shape.rope_theta,
@@ -127,11 +146,8 @@ class SteadyStep:
                  precision: str | None = None, attention: str = "explicit", saves: str = "engine"):
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"SteadyStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
-        self.precision = None if precision is None else precision_of(precision)
-        if self.precision is not None:
-            shape = dataclasses.replace(shape, dtype=self.precision.weights if self.precision.autocast is None
-                                        else self.precision.autocast)  # the values' dtype, for the formulas
-        self.shape, self.backend_name, self.saves = shape, backend_name, saves
+        self.precision, shape = _described(shape, precision)
+        self.shape, self.backend_name, self.saves, self.attention = shape, backend_name, saves, attention
         with using_backend(backend_name):
             backend.manual_seed(0)
             self.model = build_model(shape, attention)
@@ -144,9 +160,8 @@ class SteadyStep:
                 self.opt.zero_grad()
 
     def _step(self) -> None:
-        half = self.precision.autocast if self.precision is not None else None
         with state.saves_like(self.saves):
-            with autocast(half) if half else contextlib.nullcontext():
+            with _autocast(self.precision):
                 _, loss = self.model(self.idx, self.idx)
             loss.backward()
         if self.opt is not None:
@@ -161,34 +176,54 @@ class SteadyStep:
 class ParallelStep:
     """One device of a parallel run (parallel.DeviceShard: device 0, the first pipeline stage), one training step
     already taken. `measure(checkpoint)` runs one more step under a Ledger: the 1F1B schedule over the
-    microbatches when pipelined (p - 1 forwards to warm up, then one forward and one backward at a time, so p
-    microbatches are in flight at most; the stage's output gradient arrives as zeros of its shape), then the
-    optimizer step. ZeRO is applied to the measurement afterwards (`zero_view`)."""
+    microbatches when pipelined, then the optimizer step. ZeRO is applied to the measurement afterwards
+    (`zero_view`).
 
-    def __init__(self, shape: GPTShape, par, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta"):
+    1F1B (v = 1): p - 1 forwards to warm up, then one forward and one backward at a time, so p microbatches are
+    in flight at most. Interleaved 1F1B (v model chunks a device, Megatron's schedule): forward k runs chunk
+    (k // p) mod v, 2(p - 1) + (v - 1)p of them to warm up, so the first device holds L(1 + (p - 1)/(p·v))
+    layers' activations instead of L. A chunk after the first starts from the activation the last stage sent
+    (a leaf that takes a gradient); each stage output's gradient arrives as zeros of its shape. With
+    `deallocate_outputs` (Megatron's deallocate_output_tensor, Korthikanti et al. 2022 appendix B) a stage output
+    gives up its data once sent: the next stage holds it, and its backward needs only the graph."""
+
+    def __init__(self, shape: GPTShape, par, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta",
+                 deallocate_outputs: bool = True, precision: str | None = None, attention: str = "explicit",
+                 saves: str = "engine"):
         from .parallel import DeviceShard
 
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"ParallelStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
         par.check(shape)
-        self.shape, self.par, self.backend_name = shape, par, backend_name
+        self.precision, shape = _described(shape, precision)
+        self.shape, self.par, self.backend_name, self.saves, self.attention = shape, par, backend_name, saves, attention
+        self.deallocate_outputs = deallocate_outputs
         with using_backend(backend_name):
             backend.manual_seed(0)
-            self.model = DeviceShard(shape, par)
-            if shape.dtype != "float32":
+            self.model = DeviceShard(shape, par, attention=_ATTENTION[attention])
+            if self.precision is None and shape.dtype != "float32":
                 self.model.to(np.dtype(shape.dtype))
-            params = self.model.parameters()
-            self.opt = {"adamw": lambda: optim.AdamW(params, state_dtype=state_dtype),
-                        "sgd": lambda: optim.SGD(params, lr=0.1), "none": lambda: None}[optimizer]()
+            self.opt = _set_up(self.model, self.precision, optimizer, state_dtype)
             micro = shape.batch // par.microbatches
             self.idx = backend.xp().zeros((micro, shape.seq_len), dtype=np.int64)
             if self.opt is not None:
                 self._step()
                 self.opt.zero_grad()
 
-    def _forward(self):
-        out, loss = self.model(self.idx, self.idx)
-        return out if loss is None else loss
+    def _forward(self, chunk: int = 0):
+        if chunk == 0:
+            out, loss = self.model(self.idx, self.idx)
+            out = out if loss is None else loss
+        else:  # the activation the last stage sent, [B, T(/t), d]
+            s, t = self.shape, self.par.tensor
+            rows = s.seq_len // t if self.par.sequence else s.seq_len
+            width = self.model.transformer.wte.weight.dtype  # the residual stream's dtype
+            received = Tensor(backend.xp().zeros((self.idx.shape[0], rows, s.d_model), dtype=width),
+                              requires_grad=True, name=f"received.chunk{chunk}")
+            out = self.model.run_chunk(received, chunk)
+        if self.par.pipeline > 1 and self.deallocate_outputs:  # sent on: keep the graph, not the values
+            out.data = backend.zeros_view(out.shape, out.dtype)
+        return out
 
     def _backward(self, out) -> None:
         if out.size == 1:
@@ -197,16 +232,14 @@ class ParallelStep:
             out.backward(backend.xp().zeros(out.shape, dtype=out.dtype))
 
     def _step(self) -> None:
-        p, m = self.par.pipeline, self.par.microbatches
-        in_flight, started = [], 0
-        while started < min(p - 1, m):  # warm-up forwards
-            in_flight.append(self._forward())
-            started += 1
-        while in_flight or started < m:
-            if started < m:
-                in_flight.append(self._forward())
-                started += 1
-            self._backward(in_flight.pop(0))
+        in_flight = [[] for _ in range(self.par.virtual)]  # per chunk, oldest first
+        with state.saves_like(self.saves):
+            for kind, chunk in pipeline_schedule(self.par):
+                if kind == "F":
+                    with _autocast(self.precision):
+                        in_flight[chunk].append(self._forward(chunk))
+                else:
+                    self._backward(in_flight[chunk].pop(0))
         if self.opt is not None:
             self.opt.step()
 
@@ -214,18 +247,75 @@ class ParallelStep:
         """(ledger, seconds) of one step; checkpoint as SteadyStep.measure."""
         return _measured(self, checkpoint)
 
-    def zero_view(self, led: Ledger) -> dict:
-        """Per-device bytes under ZeRO stage z over d replicas, from the measured timeline: optimizer states ÷ d
-        (z ≥ 1), gradients ÷ d (z ≥ 2), parameters ÷ d (z = 3), the rest as measured; the peak is the maximum
-        over the step of their sum. (ZeRO's gather and reduce-scatter buffers are not modelled.)"""
+    def zero_events(self, led: Ledger) -> list:
+        """The ledger's events as this device holds them under ZeRO stage z over d replicas: optimizer states ÷ d
+        (z ≥ 1), the parameters' gradients ÷ d (z ≥ 2), parameters ÷ d (z = 3); everything else as measured.
+        (ZeRO's gather and reduce-scatter buffers are not modelled.) Records with seq, action, nbytes, category,
+        buffer, from_category and name: what cuda_allocator.simulate reads."""
         z, d = self.par.zero, self.par.data
-        share = {"optimizer": 1 / d if z >= 1 else 1, "gradient": 1 / d if z >= 2 else 1,
-                 "parameter": 1 / d if z >= 3 else 1, "activation": 1, "other": 1}
-        tl = led.timeline()
-        total = sum(tl[c] * f for c, f in share.items())
-        out = {c: round(led.peak_bytes(c) * f) for c, f in share.items()}
-        out["peak"] = round(float(total.max()))
-        return out
+        params = {p.name for p in self.model.parameters()}
+
+        def share(e) -> float:
+            if e.category == "optimizer" and z >= 1 or e.category == "parameter" and z >= 3:
+                return 1 / d
+            return 1 / d if e.category == "gradient" and z >= 2 and e.tensor in params else 1
+
+        return [ZeroEvent(e.seq, e.action, round(e.nbytes * share(e)), e.category, e.buffer, e.from_category, e.name)
+                for e in led.events]
+
+    def zero_view(self, led: Ledger) -> dict:
+        """Per-device peak bytes of each category and of their sum over the step, under ZeRO (zero_events)."""
+        live, held, peak, total, top = {}, dict.fromkeys(CATEGORIES, 0), dict.fromkeys(CATEGORIES, 0), 0, 0
+        for e in self.zero_events(led):
+            if e.buffer < 0:
+                continue
+            if e.buffer in live:
+                category, n = live.pop(e.buffer)
+                held[category] -= n
+                total -= n
+                if e.action == "released":
+                    continue
+            if e.action != "released":
+                live[e.buffer] = (e.category, e.nbytes)
+                held[e.category] += e.nbytes
+                total += e.nbytes
+                peak[e.category] = max(peak[e.category], held[e.category])
+                top = max(top, total)
+        return {**peak, "peak": top}
+
+
+class ZeroEvent(NamedTuple):
+    """One ledger event as a device holds it under ZeRO (ParallelStep.zero_events)."""
+
+    seq: int
+    action: str
+    nbytes: int
+    category: str
+    buffer: int
+    from_category: str
+    name: str
+
+
+def pipeline_schedule(par) -> list[tuple[str, int]]:
+    """Device 0's order of ("F" | "B", model chunk) over a step: 1F1B (p - 1 forwards to warm up), or with
+    par.virtual = v > 1 Megatron-core's interleaved 1F1B (forward k runs chunk (k // p) mod v, backward k chunk
+    v - 1 - (k // p) mod v; 2(p - 1) + (v - 1)p forwards to warm up, all of them if that is every one)."""
+    p, m, v = par.pipeline, par.microbatches, par.virtual
+    units = m * v
+    warmup = min(units, p - 1 if v == 1 else 2 * (p - 1) + (v - 1) * p)
+    forward = [(k // p) % v for k in range(units)]
+    backward = [v - 1 - (k // p) % v for k in range(units)]
+    order = [("F", c) for c in forward[:warmup]]
+    for k in range(units - warmup):
+        order += [("F", forward[warmup + k]), ("B", backward[k])]
+    return order + [("B", c) for c in backward[units - warmup:]]
+
+
+def in_flight(par, chunk: int = 0) -> int:
+    """Microbatches of model chunk `chunk` device 0 holds when its first backward starts."""
+    order = pipeline_schedule(par)
+    first = next(i for i, (kind, _) in enumerate(order) if kind == "B")
+    return sum(1 for kind, c in order[:first] if c == chunk)
 
 
 def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
@@ -288,3 +378,65 @@ def layer_costs(plain: Ledger, every_layer: Ledger, layers: list[str], input_byt
     saved, flops = plain.saved_breakdown(by="layer"), plain.flops_by_layer("forward")
     replayed = every_layer.flops_by_layer("recompute")
     return [LayerCost(flops[k], saved[k], input_bytes, flops[k] - replayed[k]) for k in layers]
+
+
+def block_names(model) -> list[str]:
+    """The module paths of a model's blocks, as the ledger's per-layer breakdown names them: transformer.h.i
+    (GPT) or model.layers.i (Llama)."""
+    if isinstance(model, nn.Llama):
+        return [f"model.layers.{i}" for i in range(len(model.model.layers))]
+    return [f"transformer.h.{i}" for i in range(len(model.transformer.h))]
+
+
+class PlanSearch(NamedTuple):
+    """What best_plan found: the plan (None when even the least-memory plan is over budget), its measured
+    ledger, the least-memory plan's peak, and every (activation budget, plan, measured peak) it tried."""
+
+    plan: object
+    ledger: Ledger | None
+    least_peak: int
+    tried: list
+
+
+def best_plan(step: SteadyStep, budget_bytes: int, peak=None, max_depth: int | None = 1) -> PlanSearch:
+    """The plan with the least recompute whose MEASURED peak (peak(ledger); default the ledger's total peak) is
+    within budget_bytes. planner.plan_chain budgets activations only (parameters, gradients and optimizer states
+    are not in its model, and gradients grow while activations shrink in backward), so the activation budget is
+    bisected between the least any plan of max_depth needs and keeping everything, each candidate measured by a
+    step under a ledger. Costs come from two measured steps (layer_costs: plain and every layer checkpointed)."""
+    from . import planner
+
+    peak = peak or (lambda led: led.peak_bytes())
+    s = step.shape
+    width = np.dtype(step.model.parameters()[0].dtype).itemsize
+    plain, every = step.measure(None)[0], step.measure("every_layer")[0]
+    costs = layer_costs(plain, every, block_names(step.model), s.batch * s.seq_len * s.d_model * width)
+    measured, tried = {}, []
+
+    def run_at(budget):
+        plan = planner.plan_chain(costs, budget, max_depth=max_depth)
+        key = plan.describe()
+        if key not in measured:
+            led = step.measure(plan)[0]
+            measured[key] = (plan, led, peak(led), led.flops("recompute"))
+        tried.append((budget, measured[key][0], measured[key][2]))
+        return measured[key]
+
+    lo, hi = planner.minimum_peak_bytes(costs, max_depth=max_depth), sum(c.saved_bytes for c in costs)
+    least = run_at(lo)
+    if least[2] > budget_bytes:
+        return PlanSearch(None, None, least[2], tried)
+    best = run_at(hi)
+    if best[2] <= budget_bytes:
+        return PlanSearch(best[0], best[1], least[2], tried)
+    best, tolerance = least, max(1, costs[0].saved_bytes // 2)
+    while hi - lo > tolerance:
+        mid = (lo + hi) // 2
+        found = run_at(mid)
+        if found[2] <= budget_bytes:
+            lo = mid
+            if found[3] <= best[3]:
+                best = found
+        else:
+            hi = mid
+    return PlanSearch(best[0], best[1], least[2], tried)

@@ -37,7 +37,8 @@ from .tensor import Parameter
 @dataclass(frozen=True)
 class Parallelism:
     """How training is split: tensor-parallel degree t, sequence parallelism, pipeline stages p with m
-    microbatches, ZeRO stage (0: none) over d data-parallel replicas."""
+    microbatches, ZeRO stage (0: none) over d data-parallel replicas, and v virtual stages (model chunks) per
+    pipeline device: Megatron's interleaved 1F1B (Narayanan et al. 2021) when v > 1."""
 
     tensor: int = 1
     sequence: bool = False
@@ -45,6 +46,7 @@ class Parallelism:
     microbatches: int = 1
     zero: int = 0
     data: int = 1
+    virtual: int = 1
 
     def check(self, shape: GPTShape) -> None:
         """ValueError naming the argument, its value and what to do, for a split the model does not allow."""
@@ -65,9 +67,20 @@ class Parallelism:
         if self.sequence and shape.seq_len % t:
             raise ValueError(f"sequence_parallel: tensor_parallel {t} does not divide the sequence length "
                              f"{shape.seq_len}")
+        if isinstance(self.virtual, bool) or not isinstance(self.virtual, int) or self.virtual < 1:
+            raise ValueError(f"virtual_stages must be a positive integer, got {self.virtual!r}")
         if shape.n_layer % p:
             raise ValueError(f"pipeline_parallel {p} does not divide the {shape.n_layer} layers; each stage takes "
                              "layers/p of them")
+        if self.virtual > 1 and p == 1:
+            raise ValueError(f"virtual_stages {self.virtual} interleaves the chunks of pipeline stages: it needs "
+                             "pipeline_parallel > 1")
+        if shape.n_layer % (p * self.virtual):
+            raise ValueError(f"virtual_stages {self.virtual} × pipeline_parallel {p} does not divide the "
+                             f"{shape.n_layer} layers; each model chunk takes layers/(p·v) of them")
+        if self.virtual > 1 and m % p:
+            raise ValueError(f"virtual_stages {self.virtual}: the interleaved schedule runs microbatches in groups "
+                             f"of the {p} stages; microbatches {m} must be a multiple of {p}")
         if m > 1 and p == 1:
             raise ValueError(f"microbatches {m} without pipeline_parallel: microbatches feed pipeline stages; "
                              "pass pipeline_parallel > 1 too")
@@ -81,7 +94,8 @@ class Parallelism:
     def describe(self) -> str:
         parts = [f"tensor parallel {self.tensor}" + (" + sequence parallel" if self.sequence else "")]
         if self.pipeline > 1:
-            parts.append(f"pipeline {self.pipeline} stages, {self.microbatches} microbatches (1F1B)")
+            parts.append(f"pipeline {self.pipeline} stages, {self.microbatches} microbatches " + (
+                f"(interleaved 1F1B, {self.virtual} model chunks a device)" if self.virtual > 1 else "(1F1B)"))
         if self.data > 1:
             parts.append(f"data parallel {self.data}" + (f", ZeRO-{self.zero}" if self.zero else ""))
         return "; ".join(parts)
@@ -192,10 +206,12 @@ class RowLinear(nn.Module):
 
 
 class ShardedAttention(nn.Module):
-    """Causal self-attention over this device's heads/t heads (the engine's explicit attention)."""
+    """Causal self-attention over this device's heads/t heads: "explicit" (the [B, H/t, T, T] weights kept) or
+    "chunked" (FlashAttention's saves: q, k, v, the output and a log-sum-exp a row)."""
 
-    def __init__(self, d_model: int, n_head: int, dropout: float, par: Parallelism):
+    def __init__(self, d_model: int, n_head: int, dropout: float, par: Parallelism, attention: str = "explicit"):
         super().__init__()
+        self.attention = attention
         self.c_attn = ColumnLinear(d_model, 3 * d_model, par)
         self.c_proj = RowLinear(d_model, d_model, par)
         self.resid_dropout = nn.Dropout(dropout)
@@ -209,7 +225,8 @@ class ShardedAttention(nn.Module):
         q = q.reshape(B, T, H, hd).transpose(1, 2)  # [B, H/t, T, hd]
         k = k.reshape(B, T, H, hd).transpose(1, 2)
         v = v.reshape(B, T, H, hd).transpose(1, 2)
-        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training)
+        y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training,
+                                           impl=self.attention)
         y = y.transpose(1, 2).reshape(B, T, C)  # [B, T, C/t]
         return self.resid_dropout(self.c_proj(y))
 
@@ -229,10 +246,10 @@ class ShardedBlock(nn.Module):
     """nn.Block's math on one device: layer norms and residuals on [B, T, d] (or [B, T/t, d] under sequence
     parallelism), attention and MLP tensor-parallel."""
 
-    def __init__(self, d_model: int, n_head: int, dropout: float, par: Parallelism):
+    def __init__(self, d_model: int, n_head: int, dropout: float, par: Parallelism, attention: str = "explicit"):
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = ShardedAttention(d_model, n_head, dropout, par)
+        self.attn = ShardedAttention(d_model, n_head, dropout, par, attention)
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = ShardedMLP(d_model, dropout, par)
 
@@ -244,9 +261,12 @@ class ShardedBlock(nn.Module):
 class DeviceShard(nn.Module):
     """What device 0 holds and runs: the first pipeline stage (embeddings and blocks 0 .. L/p-1; with p = 1 also
     the final layer norm, the vocabulary-parallel lm_head tied to the embedding, and the loss), tensor-parallel
-    over t. `model(idx, targets)` returns (output, loss): the stage's output and None when p > 1."""
+    over t. `model(idx, targets)` returns (output, loss): the stage's output and None when p > 1. With v virtual
+    stages it holds v model chunks of L/(p·v) blocks (global chunks 0, p, 2p, ...): `model(idx)` runs the first
+    from the tokens, `model.run_chunk(x, c)` chunk c from the activation the last stage sent. `attention`:
+    "explicit" or "chunked" in every block."""
 
-    def __init__(self, shape: GPTShape, par: Parallelism, checkpoint=None):
+    def __init__(self, shape: GPTShape, par: Parallelism, checkpoint=None, attention: str = "explicit"):
         super().__init__()
         par.check(shape)
         d, V = shape.d_model, shape.vocab_size
@@ -256,7 +276,7 @@ class DeviceShard(nn.Module):
             wte=nn.Embedding(V // par.tensor, d),  # vocabulary-parallel: V/t rows here
             wpe=nn.Embedding(shape.block_size, d),
             drop=nn.Dropout(shape.dropout),
-            h=nn.ModuleList([ShardedBlock(d, shape.n_head, shape.dropout, par) for _ in range(layers)]),
+            h=nn.ModuleList([ShardedBlock(d, shape.n_head, shape.dropout, par, attention) for _ in range(layers)]),
             ln_f=nn.LayerNorm(d),
         )
         if par.pipeline == 1:
@@ -269,9 +289,7 @@ class DeviceShard(nn.Module):
         x = tr.wte(idx) + tr.wpe(backend.xp().arange(T))  # [B, T, d] (the vocabulary-parallel sum is all-reduced)
         if self.par.sequence:
             x = ScatterSequence.apply(x, parts=t)  # [B, T/t, d]
-        x = tr.drop(x)
-        blocks = list(tr.h)
-        x = run_checkpointed(blocks, x, self.checkpoint)
+        x = run_checkpointed(self.chunk_blocks(0), tr.drop(x), self.checkpoint)
         if self.par.pipeline > 1:
             return x, None
         logits = self.lm_head(tr.ln_f(x))  # [B, T, V/t]: this device's slice of the vocabulary
@@ -279,5 +297,13 @@ class DeviceShard(nn.Module):
         loss = F.cross_entropy(logits.reshape(B * T, logits.shape[-1]), targets.reshape(-1))
         return logits, loss
 
+    def chunk_blocks(self, chunk: int) -> list:
+        """The blocks of this device's model chunk `chunk` (all of them when v = 1)."""
+        n = len(self.transformer.h) // self.par.virtual
+        return list(self.transformer.h)[chunk * n:(chunk + 1) * n]
+
+    def run_chunk(self, x, chunk: int):
+        """Model chunk `chunk` (> 0) from the activation x [B, T(/t), d] the previous stage sent: its output."""
+        return run_checkpointed(self.chunk_blocks(chunk), x, self.checkpoint)
 
 __all__ = ["Parallelism", "DeviceShard", "ShardedBlock", "GatherLinear", "ReduceScatter", "ScatterSequence"]
