@@ -655,7 +655,8 @@ for _row in ROWS:
 
 # Tensor attributes that are not ops: data access and autograd (test_autograd_contract.py, test_tensor_semantics.py)
 NOT_OPS = {"data", "requires_grad", "name", "grad", "is_leaf", "is_parameter", "tape", "backward", "backward_steps",
-           "detach", "requires_grad_", "zero_grad", "shape", "dtype", "ndim", "size", "nbytes", "numpy", "item"}
+           "detach", "requires_grad_", "zero_grad", "shape", "dtype", "ndim", "size", "nbytes", "numpy", "item",
+           "grad_dtype"}
 PROTOCOL = {"__module__", "__doc__", "__slots__", "__init__", "__weakref__", "__hash__", "__array_ufunc__", "__repr__",
             "__len__", "__iter__", "__bool__", "__array__", "__firstlineno__", "__static_attributes__",
             "__annotations__", "__qualname__", "__dict__"}

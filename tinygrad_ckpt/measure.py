@@ -139,14 +139,15 @@ def _set_up(model, precision: Precision | None, optimizer: str, state_dtype):
 class SteadyStep:
     """The model of `shape` (a GPTShape or a LlamaShape) and its optimizer ("adamw", "sgd" or "none"), one training
     step already taken; `precision` (a PRECISIONS name; None: the shape's dtype with `state_dtype` states),
-    `attention` ("explicit" or "flash") and `saves` (what framework's saves: state.saves_like) say how the run
-    keeps its numbers."""
+    `attention` ("explicit" or "flash") and `saves` (what framework's saves: state.saves_like; None: the
+    tg.saves_like in effect where the step is made) say how the run keeps its numbers."""
 
     def __init__(self, shape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta",
-                 precision: str | None = None, attention: str = "explicit", saves: str = "engine"):
+                 precision: str | None = None, attention: str = "explicit", saves: str | None = None):
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"SteadyStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
         self.precision, shape = _described(shape, precision)
+        saves = state.local.saves if saves is None else saves
         self.shape, self.backend_name, self.saves, self.attention = shape, backend_name, saves, attention
         with using_backend(backend_name):
             backend.manual_seed(0)
@@ -189,13 +190,14 @@ class ParallelStep:
 
     def __init__(self, shape: GPTShape, par, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta",
                  deallocate_outputs: bool = True, precision: str | None = None, attention: str = "explicit",
-                 saves: str = "engine"):
+                 saves: str | None = None):
         from .parallel import DeviceShard
 
         if optimizer not in ("adamw", "sgd", "none"):
             raise ValueError(f"ParallelStep: optimizer must be 'adamw', 'sgd' or 'none', got {optimizer!r}")
         par.check(shape)
         self.precision, shape = _described(shape, precision)
+        saves = state.local.saves if saves is None else saves
         self.shape, self.par, self.backend_name, self.saves, self.attention = shape, par, backend_name, saves, attention
         self.deallocate_outputs = deallocate_outputs
         with using_backend(backend_name):
@@ -346,7 +348,7 @@ class Estimate(NamedTuple):
 
 def estimate_step(shape, checkpoint=None, optimizer: str = "adamw", state_dtype=np.float32,
                   backend_name: str = "meta", precision: str | None = None, attention: str = "explicit",
-                  saves: str = "engine") -> Estimate:
+                  saves: str | None = None) -> Estimate:
     """Build the model of `shape` (estimate.preset gives published ones), take a first step, and measure the next one
     under `checkpoint` (see SteadyStep, which reads precision, attention and saves): what `tinygrad-ckpt estimate
     --model NAME` reports."""
