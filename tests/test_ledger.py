@@ -192,6 +192,38 @@ def test_timeline_summary_flops_and_breakdown():
     assert by_layer["transformer.h.0"] == by_layer["transformer.h.1"] > 0
 
 
+def test_entering_finds_what_the_engine_holds_from_weak_registries():
+    """A Ledger entered late counts every live tensor's data and .grad, every optimizer state and every saved array
+    of a graph still reachable (from a tensor, or from a Tape someone holds): state.py's weak registries, no heap
+    scan. The registries keep nothing alive, and stay short however many tensors come and go."""
+    import gc
+    import weakref
+
+    from tinygrad_ckpt import state
+
+    x = tg.Tensor(np.ones((4, 4), np.float32), requires_grad=True, name="x")
+    w = tg.Parameter(np.ones((4, 4), np.float32), name="w")
+    w.grad = np.ones((4, 4), np.float32)
+    optim.AdamW([w]).step()  # w's states m and v; the optimizer itself is dropped (its states with it)
+    opt = optim.AdamW([w])
+    opt.step()  # this one is kept: two states of 64 B
+    y = (x * w).exp()  # mul saves x and w (shared with the tensors), exp its output
+    tape = y.tape()
+    del y  # the Tape still holds both entries, so exp's output stays alive
+    with tg.Ledger() as led:
+        pass
+    assert led.live_bytes() == 64 * 6  # x, w, w.grad, m, v and exp's output: each buffer once
+    assert {e.tensor for e in led.events if e.action == "existing" and e.tensor} == {"x", "w"}
+    assert len(tape) == 2
+    ref = weakref.ref(x)
+    del x, tape
+    gc.collect()
+    assert ref() is None and all(t.name != "x" for t in state.live_tensors())
+    for _ in range(10_000):
+        tg.Tensor(np.ones(1, np.float32))
+    assert len(state._tensor_refs) < 2 * len(state.live_tensors()) + 2048  # dead references are tidied away
+
+
 def test_no_ledger_no_cost_paths():
     assert tg.ledger.current() is None if hasattr(tg, "ledger") else True
     x = tg.Tensor(np.ones(3, np.float32), requires_grad=True)

@@ -57,7 +57,7 @@ from .events import (  # noqa: F401  (Event: ledger.Event, as before)
     layer_of,
 )
 from .observe import Observer
-from .tape import edge_name
+from .tape import edge_name, graph
 from .units import format_bytes, parse_bytes
 
 EXISTING, ALLOCATED, SAVED, RECOMPUTED, RESTORED, UNSAVED, RELEASED, RETAGGED = range(8)
@@ -198,26 +198,26 @@ class Ledger(Observer):
             buf.ref = None  # no more release events
 
     def _scan_existing(self) -> None:
-        """Count what the engine already holds when the ledger starts (parameters, grads, states, tapes)."""
-        from .optim import Optimizer
-        from .tape import TapeEntry
-        from .tensor import Tensor
-
-        kinds = {k: base for base in (Tensor, Optimizer, TapeEntry) for k in _subclasses(base)}
-        # type(), not isinstance(): no attribute lookups on foreign objects (and fast over a large heap)
-        for obj in [o for o in gc.get_objects() if type(o) in kinds]:
-            kind = kinds[type(obj)]
-            if kind is Tensor:
-                name = obj.name or "tensor"
-                self._hold(obj.data, PARAMETER if obj.is_parameter else OTHER, name, "", "", EXISTING)
-                if obj.grad is not None:
-                    self._hold(obj.grad, GRADIENT, name, "grad", "", EXISTING)
-            elif kind is Optimizer:
-                for p in obj.params:
-                    for k, a in obj.state.get(id(p), {}).items():
-                        self._hold(a, OPTIMIZER_STATE, p.name or "param", k, obj.kind, EXISTING)
-            elif kind is TapeEntry and obj.ctx.saved:
-                self._save(obj.name, obj.op, obj.scope, "", None, obj.ctx.saved, EXISTING)
+        """Count what the engine already holds when the ledger starts, from the weak registries in state.py: every
+        live tensor's data and .grad, every optimizer's states, and the saves of the graphs those tensors (or a
+        Tape someone holds) reach."""
+        tensors = state.live_tensors()
+        for t in tensors:
+            name = t.name or "tensor"
+            self._hold(t.data, PARAMETER if t.is_parameter else OTHER, name, "", "", EXISTING)
+            if t.grad is not None:
+                self._hold(t.grad, GRADIENT, name, "grad", "", EXISTING)
+        for opt in state.live_optimizers():
+            for p in opt.params:
+                for k, a in opt.state.get(id(p), {}).items():
+                    self._hold(a, OPTIMIZER_STATE, p.name or "param", k, opt.kind, EXISTING)
+        entries = {e.seq: e for e in graph(tensors)}
+        for tape in state.live_tapes():
+            entries.update((e.seq, e) for e in tape.entries)
+        for seq in sorted(entries):
+            entry = entries[seq]
+            if entry.ctx.saved:
+                self._save(entry.name, entry.op, entry.scope, "", None, entry.ctx.saved, EXISTING)
 
     # ---- phases --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -706,11 +706,6 @@ class Ledger(Observer):
     def to_jsonl(self, path) -> None:
         """Every event as one JSON object per line."""
         exports.write_jsonl(self, path)
-
-
-def _subclasses(cls) -> list:
-    """cls and every class derived from it."""
-    return [cls, *(k for sub in cls.__subclasses__() for k in _subclasses(sub))]
 
 
 def _holder(holder) -> tuple:

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Set
 
 import numpy as np
 
-from . import observe
+from . import observe, state
 from .backend import kernels, xp
 from .checks import float_dtype, number
 from .tensor import Tensor, increment_version
@@ -101,6 +101,7 @@ class Optimizer:
         self.master_weights = master_weights
         self.state: dict[int, dict] = {}
         self.step_count = 0
+        state.new_optimizer(self)  # remembered weakly: a Ledger entered later counts its states
 
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={v!r}" for k, v in vars(self).items()

@@ -59,7 +59,8 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.name = None
         self._grad = None
-        self._uid = state.next_tensor()  # creation order: a checkpoint tells tensors made inside it from older ones
+        self._uid = state.new_tensor(self)  # creation order (a checkpoint tells tensors made inside it from older
+        # ones); the tensor is remembered weakly, so a Ledger entered later finds what it holds
         self._entry, self._index = entry, index
 
     @classmethod
