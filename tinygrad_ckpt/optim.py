@@ -155,7 +155,8 @@ class Optimizer:
             kind, flops = self.kind, self.flops_per_element()
             for p in self.params:
                 if p.grad is not None:
-                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size):
+                    arrays = (p.data, p.grad, *self.state.get(id(p), {}).values())  # what the update reads and writes
+                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size, arrays):
                         self.update(p, p.grad)
                         if self.master_weights:
                             p.data[...] = self.state[id(p)]["master"]  # the half weights, refreshed (rounded)

@@ -86,6 +86,8 @@ class Tensor:
                 raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} {self.dtype}, got "
                                  f"{list(value.shape)} {value.dtype}.")
             observe.alloc(value, "gradient", label, "grad")
+        if self._grad is not None:
+            observe.used(self._grad)  # dropped or replaced: the code used it (a Ledger's "untouched" ends)
         self._grad = value
 
     @property
@@ -144,6 +146,7 @@ class Tensor:
             self._grad = g
         else:
             self._grad += g
+        observe.used(self.data, self._grad)  # its gradient was taken (for a Ledger: used, not "untouched")
 
     def detach(self) -> Tensor:
         """Same data (no copy), cut from the graph."""
@@ -198,6 +201,7 @@ class Tensor:
                     "`with tg.no_grad():`, or change a copy."
                 )
         update(self.data, _raw(other))
+        observe.used(self.data, _raw(other))
         increment_version(self)
         return self
 
