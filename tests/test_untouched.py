@@ -9,7 +9,7 @@ import tracemalloc
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, optim
+from tinygrad_ckpt import nn, optim, plots
 from tinygrad_ckpt.ledger import CATEGORIES, numpy_traced_bytes
 from tinygrad_ckpt.units import format_bytes
 
@@ -206,3 +206,22 @@ def test_a_bounded_ledger_moves_what_is_touched_late_from_the_start():
     last = len(kept.events)
     for key in ("total", *CATEGORIES):
         assert np.array_equal(tl_kept[key], tl_full[key][-last:]), key
+
+
+def test_the_plots_draw_it_apart_and_a_side_by_side_figure_says_when_the_ledgers_differ():
+    plain_model = gpt()
+    plain = steady(plain_model)
+    again = steady(plain_model)
+    ckpt = steady(gpt("every_layer"))  # the plain model is alive and unused meanwhile (its optimizer died)
+    fig, ax = plots.new_figure()
+    info = plots.plot_memory_timeline(ax, ckpt, x="step")
+    assert info["peak_bytes"] == ckpt.peak_bytes() < ckpt.peak_bytes(untouched=True)
+    labels = [h.get_label() for h in info["handles"]]
+    assert labels[0].startswith("untouched (held before the ledger") and len(labels) == len(set(labels))
+    assert ax.get_ylim()[1] >= ckpt.peak_bytes(untouched=True) / 2**20  # the band on top is inside the axes
+    fig = plots.plot_timelines_side_by_side([plain, ckpt], ["plain", "checkpointed"], x="step")
+    other = format_bytes(nbytes(plain_model))
+    assert fig._suptitle.get_text().startswith(
+        f"Not the same untouched memory (plain: 0 B; checkpointed: {other}): held before the ledger started")
+    fig = plots.plot_timelines_side_by_side([plain, again], ["plain", "again"], x="step", suptitle="two steps")
+    assert fig._suptitle.get_text() == "two steps"  # the same untouched bytes (none): nothing to say
