@@ -225,3 +225,33 @@ def test_the_plots_draw_it_apart_and_a_side_by_side_figure_says_when_the_ledgers
         f"Not the same untouched memory (plain: 0 B; checkpointed: {other}): held before the ledger started")
     fig = plots.plot_timelines_side_by_side([plain, again], ["plain", "again"], x="step", suptitle="two steps")
     assert fig._suptitle.get_text() == "two steps"  # the same untouched bytes (none): nothing to say
+
+
+def test_garbage_not_yet_collected_is_held_untouched_and_its_collection_is_a_real_release():
+    """Entering collects nothing: a tensor in a reference cycle is memory really held until the collector runs."""
+    import tinygrad_ckpt.ledger as ledger_module
+
+    assert "gc" not in vars(ledger_module)  # entering costs a walk over the weak registries, no collection
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    tracemalloc.start()
+    try:
+        cycle = [tg.Tensor(np.ones(1000, np.float32), name="garbage")]
+        cycle.append(cycle)
+        del cycle
+        before = numpy_traced_bytes()
+        with tg.Ledger() as led:
+            held = led.live_bytes(untouched=True)  # the garbage, and whatever else earlier tests left alive
+            assert led.live_bytes("untouched") == held >= 4000 and led.live_bytes() == 0
+            gc.collect()
+            assert held - led.live_bytes(untouched=True) == 4000
+        after = numpy_traced_bytes()
+    finally:
+        tracemalloc.stop()
+        if was_enabled:
+            gc.enable()
+    assert before - after == 4000  # what tracemalloc saw go is what the ledger released
+    assert [(e.action, e.category) for e in led.events if e.name == "garbage"] == [("existing", "untouched"),
+                                                                                    ("released", "untouched")]
+    assert led.peak_bytes() == 0 and led.peak_bytes(untouched=True) == held

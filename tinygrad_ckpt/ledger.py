@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import math
 import numbers
 import time
@@ -198,7 +197,8 @@ class Ledger(Observer):
         self._observers = state.local.observers  # the entering thread's list: exiting elsewhere still leaves it
         self._observers.append(self)
         self._t0 = time.perf_counter()
-        gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
+        # No gc.collect(): garbage not yet collected is memory really held, so it is counted (untouched, as the code
+        # never uses it), and its collection is a real release. Entering costs a walk over the weak registries only.
         self._scan_existing()  # all of it untouched, until the recorded code uses it
         return self
 
@@ -461,8 +461,6 @@ class Ledger(Observer):
         """An op begins (a checkpoint's begins before the ops of its segment, so its slice wraps theirs)."""
         if self._phase_ended and not self._phases and call is not None:
             self._next_iteration()
-        if self._untouched and call is not None:
-            self._touch_arrays(call.arrays)  # its inputs are read
         traced = 0
         if self.trace_numpy and tracemalloc.is_tracing():
             tracemalloc.reset_peak()
@@ -475,6 +473,8 @@ class Ledger(Observer):
         transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
             transient = tracemalloc.get_traced_memory()[1] - self._starts[-1][2]
+        if self._untouched:
+            self._touch_arrays(call.arrays)  # it read its inputs (an op refused before it ran touches nothing)
         be = backend.current()
         for out in outputs if isinstance(outputs, tuple) else (outputs,):
             a = getattr(out, "data", out)
