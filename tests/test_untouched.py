@@ -255,3 +255,25 @@ def test_garbage_not_yet_collected_is_held_untouched_and_its_collection_is_a_rea
     assert [(e.action, e.category) for e in led.events if e.name == "garbage"] == [("existing", "untouched"),
                                                                                     ("released", "untouched")]
     assert led.peak_bytes() == 0 and led.peak_bytes(untouched=True) == held
+
+
+def test_the_exports_carry_the_category(tmp_path):
+    import csv
+    import json
+
+    model = gpt()
+    unused = nn.Linear(10, 10)
+    with tg.Ledger() as led:
+        model(IDX, IDX)[1].backward()
+    led.to_csv(tmp_path / "e.csv")
+    rows = list(csv.DictReader(open(tmp_path / "e.csv")))
+    assert {(r["name"], r["category"]) for r in rows if r["category"] == "untouched"} == {("weight", "untouched"),
+                                                                                         ("bias", "untouched")}
+    led.to_jsonl(tmp_path / "e.jsonl")
+    lines = [json.loads(line) for line in open(tmp_path / "e.jsonl")]
+    assert sum(e["nbytes"] for e in lines if e["category"] == "untouched") == nbytes(unused)
+    snap = led.to_memory_viz()
+    allocs = [e for e in snap["device_traces"][0] if e["action"] == "alloc" and e["category"] == "untouched"]
+    assert sorted(e["size"] for e in allocs) == sorted([unused.weight.nbytes, unused.bias.nbytes])
+    counters = [e for e in led.to_chrome_trace()["traceEvents"] if e["ph"] == "C"]
+    assert max(e["args"]["untouched"] for e in counters) == counters[-1]["args"]["untouched"] == nbytes(unused)

@@ -595,7 +595,8 @@ class Ledger(Observer):
 
     def iterations(self) -> list[Iteration]:
         """A summary of every training iteration so far, the one in progress last (events.Iteration): ops,
-        events, FLOPs per phase, bytes per category at its end and its peaks. An iteration begins with the first
+        events, FLOPs per phase, bytes per category at its end and its peaks (per category, "total" as peak_bytes(),
+        "held" as peak_bytes(untouched=True)). An iteration begins with the first
         forward op after a backward or optimizer phase (forward, backward, optimizer step, zero_grad)."""
         return [*self._iterations, self._iterations.record(len(self._iterations), self._iteration_row())]
 
@@ -630,8 +631,9 @@ class Ledger(Observer):
 
     def timeline(self) -> dict:
         """Equal-length NumPy arrays, one entry per event kept: seq, step, cumulative flops, phase, time, the
-        live bytes of each category after the event, and their total (exact in a bounded ledger too: counted
-        from the bytes held before its first kept event)."""
+        live bytes of each category after the event, and their total, "untouched" included (what the process
+        holds; total - untouched is what the run used, whose highest is peak_bytes()); exact in a bounded ledger
+        too: counted from the bytes held before its first kept event."""
         col = self.events.columns()
         action, cat, src, nbytes = col["action"], col["category"], col["from_category"], col["nbytes"]
         allocates = ((action == EXISTING) | (action == ALLOCATED)) & (src < 0)
