@@ -590,8 +590,9 @@ def torch_matmul_flops(st) -> dict:
 def bench_ledger(cfg, args) -> dict:
     """A step under a Ledger against the plain step, interleaved in every round at every thread count: "steady",
     steps inside a ledger kept open across them (as a long run records, keep_iterations=2), and "fresh", a new
-    Ledger entered and left around each step (entering collects garbage and scans the heap once). Medians of the
-    timed steps; then the Python heap per event (tracemalloc over `bytes_steps` steps under one ledger)."""
+    Ledger entered and left around each step (entering walks the engine's weak registries of live tensors, optimizers
+    and tapes, and the graphs they reach). Medians of the timed steps; then the Python heap per event (tracemalloc
+    over `bytes_steps` steps under one ledger)."""
     import tracemalloc
 
     c = cfg["ledger"]
@@ -664,9 +665,10 @@ def ledger_text(lg: dict) -> str:
              f"each of {lg['rounds']} rounds at every thread count ({lg['steps']} timed steps of each kind a round; "
              "ratios of medians). *steady*: steps inside a ledger kept open across them, as a long run records "
              "(`keep_iterations=2`); *fresh*: a new Ledger entered and left around each step, which adds what "
-             "entering costs: one `gc.collect()` and one scan of the Python heap for the tensors, tapes and "
-             "optimizer states that exist already (it grows with the process's Python objects, not the model's "
-             "size; PyTorch loaded makes it large). Target: steady ≤ 1.10×.", "",
+             "entering costs: one walk over the engine's weak registries of live tensors, optimizers and tapes "
+             "(state.py) and the graphs they reach, counting what exists already (it grows with the engine's live "
+             "tensors, not with the process's Python objects, which the table lists for comparison) and a first "
+             "step's interning of event origins. Target: both ≤ 1.10×.", "",
              "| shape (B, T, d, H) | threads | plain step ms | steady × | fresh × | entering ms | events/step | "
              "Python objects |", "|---|---|---|---|---|---|---|---|"]
     for row in lg["rows"]:

@@ -262,11 +262,6 @@ def frontier_figure(res: dict, path: str) -> None:
 
 # ---------------------------------------------------------------- the lesson
 def main(quick: bool = False, out: str = "figures") -> dict:
-    with C.frozen_heap():
-        return _main(quick, out)
-
-
-def _main(quick: bool, out: str) -> dict:
     t0 = time.perf_counter()
     sz = sizes(quick)
     cfg = sz["gpt"]

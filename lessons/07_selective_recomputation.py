@@ -298,11 +298,6 @@ def policies_figure(res: dict, path: str) -> None:
 
 # ---------------------------------------------------------------- the lesson
 def main(quick: bool = False, out: str = "figures") -> dict:
-    with C.frozen_heap():
-        return _main(quick, out)
-
-
-def _main(quick: bool, out: str) -> dict:
     t0 = time.perf_counter()
     sz = sizes(quick)
     cfg = sz["gpt"]

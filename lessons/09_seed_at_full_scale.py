@@ -287,7 +287,8 @@ def plans_figure(path, table: dict, least: dict, shape) -> None:
         cap_handles = capacity_lines(ax, GB)
         if i == 0:
             ax.set_ylabel("total peak of one training step (GB = 10⁹ bytes)")
-    handles = [Patch(color=plots.CATEGORY_COLORS[c], label=plots.CATEGORY_LABELS[c]) for c in CATEGORIES][::-1]
+    shown = [c for c in CATEGORIES if c != "untouched" or any(r.at_peak[c] for r in shown_runs)]  # (none here)
+    handles = [Patch(color=plots.CATEGORY_COLORS[c], label=plots.CATEGORY_LABELS[c]) for c in shown][::-1]
     if any(r is None for runs in table.values() for r in runs.values()):
         handles.append(Patch(facecolor="#DDDDDD", hatch="////", edgecolor="white",
                              label="no planner plan fits: its least-memory plan, measured"))

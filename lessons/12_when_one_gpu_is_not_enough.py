@@ -142,7 +142,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     ax.set_ylabel("per-device peak of one training step (GB = 10⁹ bytes)")
     ax.set_ylim(0, max(max(r["peak"] for r in runs.values()), CAPACITY) / GB * 1.12)
     ax.grid(axis="y", alpha=0.3)
-    handles = [Patch(color=plots.CATEGORY_COLORS[c], label=plots.CATEGORY_LABELS[c]) for c in CATEGORIES][::-1]
+    shown = [c for c in CATEGORIES if c != "untouched" or any(r["at_peak"][c] for r in runs.values())]  # (none here)
+    handles = [Patch(color=plots.CATEGORY_COLORS[c], label=plots.CATEGORY_LABELS[c]) for c in shown][::-1]
     handles.append(Line2D([], [], color="#B2182B", ls=(0, (5, 3)), lw=1.4, label="80 GB per device"))
     ax.legend(handles=handles, fontsize=8, frameon=False, loc="upper right")
     ax.set_title(f"The seed's 7B model on 8 GPUs (t = {T_PARALLEL}): one device, measured on the meta backend "

@@ -5,13 +5,12 @@ run as scripts; tinygrad_ckpt.figures puts it there when it loads them)."""
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import os
 
 import tinygrad_ckpt as tg  # before NumPy, so that OpenBLAS loads with the engine's settings (backend/threads.py)
 
-__all__ = ["cli", "claim", "output_folder", "fresh", "frozen_heap", "token_batch", "make_gpt", "measured_step",
+__all__ = ["cli", "claim", "output_folder", "fresh", "token_batch", "make_gpt", "measured_step",
            "heading", "table", "fig_path", "format_bytes"]
 
 import numpy as np  # noqa: E402
@@ -45,8 +44,9 @@ def claim(doc: str) -> None:
 def fresh() -> None:
     """Drop graphs left over from earlier measurements, so the next ledger starts clean.
 
-    (A forward pass appends to the tape of any graph still alive, and a Ledger counts whatever
-    tapes exist when it starts; so lessons drop their results and collect before measuring.)
+    (A Ledger counts whatever the engine holds when it starts; what the measured step never uses is
+    "untouched", left out of its peak but drawn as a grey band. So lessons drop their results and
+    collect before measuring.)
     """
     gc.collect()
 
@@ -129,17 +129,3 @@ def fig_path(out: str, name: str) -> str:
     """{out}/{name}, with the folder created."""
     os.makedirs(out, exist_ok=True)
     return os.path.join(out, name)
-
-
-@contextlib.contextmanager
-def frozen_heap():
-    """Hide every object alive now (modules, matplotlib, ...) from the garbage collector while a lesson
-    runs many ledgers: each tg.Ledger() collects and scans gc.get_objects() for engine objects that
-    already exist, which costs tens of milliseconds with ~70k library objects around. Frozen objects
-    are skipped by both, so only create the models you measure inside this block."""
-    gc.collect()
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()

@@ -343,8 +343,13 @@ CASES = [
     ("ledger_live_bytes_category", lambda m, i: _recorded_ledger().live_bytes("params"), ValueError,
      r"live_bytes: category must be .*got 'params' \(did you mean 'parameter'\?\)"),
     ("ledger_peak_bytes_type", lambda m, i: _recorded_ledger().peak_bytes(0), ValueError,
-     r"peak_bytes: category must be 'parameter', 'optimizer', 'gradient', 'activation' or 'other', or None "
-     r"\(all categories\), got 0$"),
+     r"peak_bytes: category must be 'parameter', 'optimizer', 'gradient', 'activation', 'other' or 'untouched', or "
+     r"None \(every category but 'untouched'\), got 0$"),
+    ("ledger_peak_bytes_untouched_and_category", lambda m, i: _recorded_ledger().peak_bytes("other", untouched=True),
+     ValueError, r"peak_bytes: untouched=True adds the untouched bytes to the total of every category; give it "
+     r"without a category \(or ask for peak_bytes\('untouched'\)\)"),
+    ("ledger_live_bytes_untouched_type", lambda m, i: _recorded_ledger().live_bytes(untouched="yes"), TypeError,
+     r"live_bytes: untouched must be True or False, got 'yes'"),
     ("ledger_saved_breakdown_by", lambda m, i: _recorded_ledger().saved_breakdown("lyr"), ValueError,
      r"saved_breakdown: by must be 'layer', 'module', 'op' or 'name', got 'lyr' \(did you mean 'layer'\?\)"),
     ("ledger_saved_breakdown_depth", lambda m, i: _recorded_ledger().saved_breakdown("module", depth="2"), TypeError,
@@ -535,8 +540,9 @@ def test_to_html_checks_every_argument_before_it_opens_the_page(tmp_path):
 
 def test_ledger_queries_take_every_valid_name_and_none():
     led = _recorded_ledger()
-    for c in ("parameter", "optimizer", "gradient", "activation", "other", None):
+    for c in ("parameter", "optimizer", "gradient", "activation", "other", "untouched", None):
         assert led.peak_bytes(c) >= led.live_bytes(c) >= 0
+    assert led.peak_bytes(untouched=True) >= led.live_bytes(untouched=True) >= led.live_bytes()
     assert sum(led.flops(p) for p in ("forward", "backward", "recompute", "optimizer")) == led.flops() > 0
     assert sum(led.flops_by_layer("backward").values()) == led.flops("backward")
     assert led.saved_breakdown("module", depth=1) == led.saved_breakdown("module", depth=np.int64(1))

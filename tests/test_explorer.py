@@ -54,8 +54,11 @@ def test_the_data_is_the_ledgers(ledgers, tmp_path):
         for c in CATEGORIES:
             assert np.array_equal(np.cumsum(run["live"][c]), tl[c][memory])
         assert run["peak"]["bytes"] == led.peak_bytes()
-        assert tl["total"][memory][run["peak"]["event"]] == led.peak_bytes()
+        used = tl["total"][memory] - tl["untouched"][memory]  # the peak of what the run used
+        assert used[run["peak"]["event"]] == led.peak_bytes()
         assert run["end_bytes"] == led.live_bytes()
+        assert run["untouched"] == led.peak_bytes("untouched") == 0  # the test's models die with their ledger
+        assert run["held_peak"] == led.peak_bytes(untouched=True)
         assert [run["names"][i] for i in run["ops"]["name"]] == [op["name"] for op in led.ops]
         assert [run["names"][i] for i in run["ops"]["op"]] == [op["op"] for op in led.ops]
         lives = led.lifetimes()
@@ -126,3 +129,13 @@ def test_the_page_knows_every_category_and_phase_in_the_ledgers_order():
     from tinygrad_ckpt import ledger
 
     assert explorer.CATEGORIES == ledger.CATEGORIES and explorer.PHASES == ledger.PHASES
+
+
+def test_the_page_knows_what_each_ledger_held_untouched(tmp_path):
+    plain = forward_backward()
+    unused = nn.Linear(100, 100)  # alive while the second ledger records, never run
+    ckpt = forward_backward("every_layer")
+    runs = inlined(plain.to_html(tmp_path / "page.html", compare=ckpt))["runs"]
+    assert [r["untouched"] for r in runs] == [0, unused.weight.nbytes + unused.bias.nbytes]
+    assert runs[1]["peak"]["bytes"] == ckpt.peak_bytes() < runs[1]["held_peak"] == ckpt.peak_bytes(untouched=True)
+    assert runs[1]["held_peak"] - runs[1]["peak"]["bytes"] == 40_400  # held all along, so the peaks differ by it

@@ -258,3 +258,57 @@ def test_lesson_page(number, lessons, browser, shots):
         assert page.errors == []
     finally:
         page.page.close()
+
+
+# ---------------------------------------------------------------- labels, and what a comparison must say
+
+def test_labels_never_cover_each_other_and_each_layer_is_named_once(browser, tmp_path):
+    """Equal peaks (a ledger beside itself twice), the phases' names and a checkpointed step's lifetimes, whose
+    segments save one row each at the top before their replays save the rest; and the search box shows its hint."""
+    led = forward_backward("every_layer", n_layer=3, seq=32, batch=4)
+    page = Page(browser, led.to_html(tmp_path / "same.html", compare=[led, led], labels=["a", "b", "c"]))
+    try:
+        assert page.errors == []
+        for boxes in page.js("explorer.views.map(v => v.labelBoxes)"):
+            assert len(boxes) >= 3  # its peak, its marker and the two other peaks' labels (a phase's name or not)
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    assert not (a[0] < b[1] and b[0] < a[1] and a[2] < b[3] and b[2] < a[3]), (a, b)
+        for names in page.js("explorer.views.map(v => v.gutterNames)"):
+            assert len(names) == len(set(names)) and "transformer.h.1" in names
+        hint, room = page.js("""() => { const s = document.getElementById("search"), st = getComputedStyle(s);
+            const c = document.createElement("canvas").getContext("2d"); c.font = st.font;
+            return [c.measureText(s.placeholder).width,
+                    s.clientWidth - parseFloat(st.paddingLeft) - parseFloat(st.paddingRight)]; }""")
+        assert hint <= room
+    finally:
+        page.page.close()
+
+
+def test_a_comparison_says_when_the_ledgers_differ_in_untouched_bytes(browser, tmp_path):
+    import gc
+
+    from tinygrad_ckpt import nn
+
+    gc.collect()
+    plain = forward_backward()
+    unused = nn.Linear(100, 100)  # alive, never run: 40,400 B untouched in the next ledger
+    ckpt = forward_backward("every_layer")
+    page = Page(browser, plain.to_html(tmp_path / "cmp.html", compare=ckpt, labels=["plain", "checkpointed"]))
+    try:
+        assert page.errors == []
+        note = page.page.inner_text("#compare-note")
+        assert note.startswith("Not the same untouched memory: plain: 0 B; checkpointed: 39.5 KiB, held before")
+        assert "untouched (held before the ledger" in page.page.inner_text("#legend")
+        assert "untouched 39.5 KiB" in page.page.inner_text("section.run:nth-of-type(2) .note")
+        text = page.hover(page.js("explorer.pointOf(1, explorer.views[1].run.peak.event)"))
+        assert f"{ckpt.peak_bytes():,} B" in text and "total live (what the run used)" in text
+        assert f"{ckpt.peak_bytes() + unused.weight.nbytes + unused.bias.nbytes:,} B" in text  # held, untouched too
+        screenshot(page, tmp_path / "untouched.png")
+    finally:
+        page.page.close()
+    same = Page(browser, plain.to_html(tmp_path / "same.html", compare=plain, labels=["plain", "again"]))
+    try:
+        assert same.page.inner_text("#compare-note") == "" and "untouched" not in same.page.inner_text("#legend")
+    finally:
+        same.page.close()

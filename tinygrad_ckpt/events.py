@@ -22,7 +22,9 @@ from typing import NamedTuple
 
 import numpy as np
 
-CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other")  # strongest first
+# the roles a buffer plays, strongest first; then "untouched": alive before the ledger started and never read, written,
+# saved or given a gradient by what it recorded (another model, an unused layer), drawn apart and left out of its peaks
+CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other", "untouched")
 PHASES = ("forward", "backward", "recompute", "optimizer")
 ACTIONS = ("existing", "allocated", "saved", "recomputed", "restored", "unsaved", "released", "retagged", "op")
 OP = ACTIONS.index("op")
@@ -168,6 +170,18 @@ class EventLog(Sequence):
             "buffer": np.array(self.buffer, dtype=np.int64), "time": np.array(self.time, dtype=np.float64),
         }
 
+    def retag(self, seq: int, category: int) -> bool:
+        """Event `seq` counts in `category` instead of the one it was recorded in (a move it records, from one
+        category to another, becomes none): a buffer alive before the ledger, touched later by the recorded code,
+        counts in its real category from the start. False if the event was dropped already."""
+        i = seq - self.first
+        if i < 0:
+            return False
+        c = self.code[i]
+        moved = c >> 12 & 15
+        self.code[i] = c & ~0xFF00 | ((category + 1) << 12 if moved else 0) | category << 8
+        return True
+
     def drop(self, events: int, ops: int) -> None:
         """Forget the first `events` events and the first `ops` op slices (a bounded ledger's oldest step)."""
         for column in (self.time, self.nbytes, self.live, self.buffer, self.code):
@@ -270,8 +284,9 @@ class Lifetimes:
 @dataclass
 class Iteration:
     """One training iteration as a bounded ledger remembers it after its events are gone: its ops and events,
-    its FLOPs per phase, the bytes held per category at its end, and the highest during it ("total": all
-    categories together). An iteration begins with the first forward op after a backward or optimizer phase."""
+    its FLOPs per phase, the bytes held per category at its end, and the highest during it ("total": every category
+    but "untouched", as Ledger.peak_bytes(); "held": all of them, as peak_bytes(untouched=True)). An iteration
+    begins with the first forward op after a backward or optimizer phase."""
 
     index: int
     first_step: int  # op steps before it (its ops are first_step + 1 ..)
@@ -279,15 +294,15 @@ class Iteration:
     events: int
     flops: dict  # phase -> FLOPs
     live: dict  # category -> bytes at its end (now, for the iteration in progress)
-    peak: dict  # category (and "total") -> highest bytes during it
+    peak: dict  # category, "total" and "held" -> highest bytes during it
     kept: bool  # its events are still in led.events
 
 
 class IterationLog(Sequence):
     """The iterations' summaries, one row of ints each: first step, ops, events, FLOPs per phase, live bytes per
-    category at the end, peak per category and total. The iteration in progress is not a row yet."""
+    category at the end, peak per category, peak total and peak held. The iteration in progress is not a row yet."""
 
-    FIELDS = 3 + len(PHASES) + len(CATEGORIES) + len(CATEGORIES) + 1
+    FIELDS = 3 + len(PHASES) + len(CATEGORIES) + len(CATEGORIES) + 2
 
     def __init__(self):
         self.rows = array("q")
@@ -297,8 +312,22 @@ class IterationLog(Sequence):
         return len(self.rows) // self.FIELDS
 
     def append(self, row: list) -> None:
-        """One finished iteration: [first step, ops, events, *FLOPs per phase, *live, *peak per category, peak]."""
+        """One finished iteration: [first step, ops, events, *FLOPs per phase, *live, *peak per category, peak total,
+        peak held]."""
         self.rows.extend(row)
+
+    def retag(self, source: int, target: int, nbytes: int) -> None:
+        """A buffer held through every iteration so far in category `source` counts in `target` instead: move its
+        bytes in each row's live and peak columns (exact: it was there all along) and add them to the peak total
+        when it leaves "untouched"."""
+        p, c = len(PHASES), len(CATEGORIES)
+        live, peak = 3 + p, 3 + p + c
+        untouched = CATEGORIES.index("untouched")
+        for row in range(0, len(self.rows), self.FIELDS):
+            for start in (row + live, row + peak):
+                self.rows[start + source] -= nbytes
+                self.rows[start + target] += nbytes
+            self.rows[row + peak + c] += nbytes * ((source == untouched) - (target == untouched))
 
     def __getitem__(self, k):
         if isinstance(k, slice):
@@ -313,4 +342,4 @@ class IterationLog(Sequence):
         first_step, ops, events = row[:3]
         flops, live, peak = row[3:3 + p], row[3 + p:3 + p + c], row[3 + p + c:]
         return Iteration(k, first_step, ops, events, dict(zip(PHASES, flops)), dict(zip(CATEGORIES, live)),
-                         {**dict(zip(CATEGORIES, peak)), "total": peak[-1]}, k >= self.first_kept)
+                         {**dict(zip(CATEGORIES, peak)), "total": peak[-2], "held": peak[-1]}, k >= self.first_kept)

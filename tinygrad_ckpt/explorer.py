@@ -6,7 +6,9 @@
 The page is explorer.html next to this file (hand-written canvas drawing, inline CSS and JavaScript, no
 library, nothing fetched: it opens from file://) with the data of each ledger inlined as JSON. For each
 ledger, side by side on one y axis: memory over op steps stacked by category with the phases shaded and the
-peak marked, and the lifetimes of the saved buffers (one bar each: waiting, idle, read by backward). Hover
+peak marked (what the run used: the memory held before the ledger started that the run never touched is a
+hatched grey band on top, left out of the peak, and the page says when the ledgers differ in it), and the
+lifetimes of the saved buffers (one bar each: waiting, idle, read by backward). Hover
 for what is there, click a layer or a buffer to highlight its buffers in both views, search scoped names,
 drag to pan and scroll to zoom along the op axis. Drawing keeps, for each pixel column, the event with the
 most live bytes, so the peak is never lost however many events there are.
@@ -25,7 +27,14 @@ import numpy as np
 
 from .events import ACTIONS as EVENT_ACTIONS
 from .events import CATEGORIES, PHASES
-from .palette import CATEGORY_COLORS, CATEGORY_LABELS, LIFETIME_COLORS, LIFETIME_LABELS, PHASE_COLORS
+from .palette import (
+    CATEGORY_COLORS,
+    CATEGORY_LABELS,
+    LIFETIME_COLORS,
+    LIFETIME_LABELS,
+    PHASE_COLORS,
+    UNTOUCHED_HATCH,
+)
 
 ACTIONS = tuple(a for a in EVENT_ACTIONS if a != "op")  # the page's events are memory events only
 DEFAULT_TITLE = "tinygrad_ckpt memory explorer"
@@ -51,7 +60,8 @@ class _Strings:
 
 def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes) -> dict:
     """One ledger as the page reads it: columns of its memory events (op markers left out), the deltas of
-    its timeline per category, its ops, its saved buffers' lifetimes, and where its peak is."""
+    its timeline per category, its ops, its saved buffers' lifetimes, where its peak is (of what the run used:
+    every category but "untouched", as Ledger.peak_bytes()) and how much it held untouched."""
     strings = _Strings()
     events = list(events)
     keep = np.array([ev.action != "op" for ev in events], dtype=bool)
@@ -59,7 +69,9 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
     code = {name: i for i, name in enumerate(CATEGORIES)}
     phase = {name: i for i, name in enumerate(PHASES)}
     action = {name: i for i, name in enumerate(ACTIONS)}
-    total = np.asarray(timeline["total"])[keep]
+    held = np.asarray(timeline["total"])[keep]
+    untouched = np.asarray(timeline["untouched"])[keep]
+    total = held - untouched  # what the run used
     peak = int(np.argmax(total)) if len(total) else -1
     data = {
         "label": label,
@@ -96,6 +108,8 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
         "backward_passes": [list(p) for p in backward_passes],
         "peak": {"event": peak, "bytes": int(total[peak]) if peak >= 0 else 0},
         "end_bytes": int(total[-1]) if len(total) else 0,
+        "held_peak": int(held.max()) if len(held) else 0,  # untouched included: the top of what is drawn
+        "untouched": int(untouched.max()) if len(untouched) else 0,  # held before the ledger, never used
     }
     data["names"] = strings.table()
     data["layers"] = [strings.layers.get(i, "") for i in range(len(data["names"]))]
@@ -115,6 +129,7 @@ def page(runs: list[dict], title: str = DEFAULT_TITLE) -> str:
     data = {
         "title": title,
         "categories": [{"name": c, "color": CATEGORY_COLORS[c], "label": CATEGORY_LABELS[c]} for c in CATEGORIES],
+        "untouched_hatch": UNTOUCHED_HATCH,
         "phases": [{"name": p, "color": PHASE_COLORS[p]} for p in PHASES],
         "lifetime_colors": LIFETIME_COLORS,
         "lifetime_labels": LIFETIME_LABELS,

@@ -14,6 +14,15 @@ parameter > optimizer > gradient > activation (saved by the tape) > other (live 
 A forward output starts as "other", becomes "activation" when an op saves it, and returns to
 "other" if the tape lets it go while a tensor still holds it.
 
+What the engine held before the ledger started is "untouched" until the recorded code reads it (an op's
+input), writes it (an in-place change, an optimizer's update, a gradient added into .grad), saves it or
+takes its gradient. Then it counts in its real category, and from the start (as if the ledger had known it
+would be used: its first events are moved there), so a plain step's numbers are what they would be without
+this rule. What the code never touches (another model still referenced, a layer that never ran, garbage
+not yet collected) stays "untouched": drawn apart, and left out of `peak_bytes()` and `live_bytes()`, so
+that comparing two runs compares what each used. Everything together (`untouched=True`, the timeline's
+"total") is what the process holds, as tracemalloc sees it.
+
 Every event says what it is about in fields (events.Origin): the op kind, its module path, its layer,
 the role of the array (a save's key, "output", "grad", an optimizer state's key), the tensor it belongs
 to, and the reason a checkpoint's policy kept it. `name` is for display only; no code parses it.
@@ -31,7 +40,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import gc
 import math
 import numbers
 import time
@@ -57,12 +65,12 @@ from .events import (  # noqa: F401  (Event: ledger.Event, as before)
     layer_of,
 )
 from .observe import Observer
-from .tape import edge_name
+from .tape import edge_name, graph
 from .units import format_bytes, parse_bytes
 
 EXISTING, ALLOCATED, SAVED, RECOMPUTED, RESTORED, UNSAVED, RELEASED, RETAGGED = range(8)
 FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = range(4)
-PARAMETER, OPTIMIZER_STATE, GRADIENT, ACTIVATION, OTHER = range(5)  # categories, strongest first
+PARAMETER, OPTIMIZER_STATE, GRADIENT, ACTIVATION, OTHER, UNTOUCHED = range(6)  # categories (roles strongest first)
 _CATEGORY = {c: i for i, c in enumerate(CATEGORIES)}
 _PHASE = {p: i for i, p in enumerate(PHASES)}
 
@@ -78,15 +86,15 @@ class OutOfMemoryError(RuntimeError):
 
 class _Buffer:
     """A buffer the engine holds: its id, size, category, the roles it plays (a bit per category) and how many
-    live tape saves hold it; the origin of its first event, its row in the lifetimes (-1: never saved), and the
-    weak reference that reports its release."""
+    live tape saves hold it; the origin of its first event, its row in the lifetimes (-1: never saved), the
+    weak reference that reports its release, and while it is untouched the seqs of its events so far."""
 
-    __slots__ = ("id", "nbytes", "category", "roles", "saves", "origin", "life", "ref")
+    __slots__ = ("id", "nbytes", "category", "roles", "saves", "origin", "life", "ref", "existing")
 
     def __init__(self, id: int, nbytes: int, category: int, origin: int):
         self.id, self.nbytes, self.category, self.origin = id, nbytes, category, origin
         self.roles = 0 if category == ACTIVATION else 1 << category
-        self.saves, self.life, self.ref = 0, -1, None
+        self.saves, self.life, self.ref, self.existing = 0, -1, None, None
 
 
 class _Ref(weakref.ref):
@@ -128,6 +136,8 @@ class Ledger(Observer):
         self._allocated = [0] * len(CATEGORIES)  # into each category (moves included)
         self._freed = [0] * len(CATEGORIES)
         self._total = self._peak_total = 0  # live bytes over all categories; their peak before this iteration
+        self._peak_used = 0  # the peak before this iteration of the bytes the recorded code used (all but untouched)
+        self._untouched = 0  # buffers untouched now (while there are none, reads are not looked up)
         self._real = [0, 0]  # bytes allocated, freed: real memory only (a move between categories is neither)
         self.flops_by_phase = dict.fromkeys(PHASES, 0)
         self.step = 0  # ops recorded
@@ -141,13 +151,14 @@ class Ledger(Observer):
         # checkpointed segment's forward): name, phase, t0, t1, and the seq of the next event
         self._iterations = IterationLog()  # one summary per finished training iteration
         self._iteration = self._iteration_start()  # where the one in progress began
-        self._it_peak, self._it_peak_total = list(self._live), 0  # its peaks
+        self._it_peak, self._it_peak_total, self._it_peak_used = list(self._live), 0, 0  # its peaks
         self._phase_ended = False  # a backward or optimizer phase ended: the next forward op begins an iteration
         self._base_live = [0] * len(CATEGORIES)  # live bytes before the first event kept
         self._base_flops = 0  # FLOPs of the ops no longer kept
         self._t0 = time.perf_counter()
         self._starts: list[tuple] = []  # per op begun and not yet recorded: (time, live bytes, traced bytes)
-        self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes, op's transient peak)
+        self.traced: list[tuple] = []  # (step, NumPy bytes per tracemalloc, ledger live bytes untouched included, op's
+        # transient peak)
 
     def __repr__(self) -> str:
         status = "recording" if self._observers is not None else ("done" if self._entered else "not started")
@@ -186,8 +197,9 @@ class Ledger(Observer):
         self._observers = state.local.observers  # the entering thread's list: exiting elsewhere still leaves it
         self._observers.append(self)
         self._t0 = time.perf_counter()
-        gc.collect()  # unreachable cycles still in memory would be counted as live, then vanish
-        self._scan_existing()
+        # No gc.collect(): garbage not yet collected is memory really held, so it is counted (untouched, as the code
+        # never uses it), and its collection is a real release. Entering costs a walk over the weak registries only.
+        self._scan_existing()  # all of it untouched, until the recorded code uses it
         return self
 
     def __exit__(self, *exc) -> None:
@@ -198,26 +210,26 @@ class Ledger(Observer):
             buf.ref = None  # no more release events
 
     def _scan_existing(self) -> None:
-        """Count what the engine already holds when the ledger starts (parameters, grads, states, tapes)."""
-        from .optim import Optimizer
-        from .tape import TapeEntry
-        from .tensor import Tensor
-
-        kinds = {k: base for base in (Tensor, Optimizer, TapeEntry) for k in _subclasses(base)}
-        # type(), not isinstance(): no attribute lookups on foreign objects (and fast over a large heap)
-        for obj in [o for o in gc.get_objects() if type(o) in kinds]:
-            kind = kinds[type(obj)]
-            if kind is Tensor:
-                name = obj.name or "tensor"
-                self._hold(obj.data, PARAMETER if obj.is_parameter else OTHER, name, "", "", EXISTING)
-                if obj.grad is not None:
-                    self._hold(obj.grad, GRADIENT, name, "grad", "", EXISTING)
-            elif kind is Optimizer:
-                for p in obj.params:
-                    for k, a in obj.state.get(id(p), {}).items():
-                        self._hold(a, OPTIMIZER_STATE, p.name or "param", k, obj.kind, EXISTING)
-            elif kind is TapeEntry and obj.ctx.saved:
-                self._save(obj.name, obj.op, obj.scope, "", None, obj.ctx.saved, EXISTING)
+        """Count what the engine already holds when the ledger starts, from the weak registries in state.py: every
+        live tensor's data and .grad, every optimizer's states, and the saves of the graphs those tensors (or a
+        Tape someone holds) reach."""
+        tensors = state.live_tensors()
+        for t in tensors:
+            name = t.name or "tensor"
+            self._hold(t.data, PARAMETER if t.is_parameter else OTHER, name, "", "", EXISTING)
+            if t.grad is not None:
+                self._hold(t.grad, GRADIENT, name, "grad", "", EXISTING)
+        for opt in state.live_optimizers():
+            for p in opt.params:
+                for k, a in opt.state.get(id(p), {}).items():
+                    self._hold(a, OPTIMIZER_STATE, p.name or "param", k, opt.kind, EXISTING)
+        entries = {e.seq: e for e in graph(tensors)}
+        for tape in state.live_tapes():
+            entries.update((e.seq, e) for e in tape.entries)
+        for seq in sorted(entries):
+            entry = entries[seq]
+            if entry.ctx.saved:
+                self._save(entry.name, entry.op, entry.scope, "", None, entry.ctx.saved, EXISTING)
 
     # ---- phases --------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -284,6 +296,8 @@ class Ledger(Observer):
         self._total += nbytes
         if self._total > self._it_peak_total:
             self._it_peak_total = self._total
+        if self._total - self._live[UNTOUCHED] > self._it_peak_used:
+            self._it_peak_used = self._total - self._live[UNTOUCHED]
 
     def _move(self, buf: _Buffer, category: int) -> int:
         old = buf.category
@@ -315,11 +329,20 @@ class Ledger(Observer):
             self._next_buffer += 1
             buf.ref = _Ref(owner, self._on_free)
             buf.ref.key = key
+            if action == EXISTING:  # held before the ledger started: untouched until the recorded code uses it
+                category, buf.category, buf.existing = UNTOUCHED, UNTOUCHED, [self.seq]
+                self._untouched += 1
             self._allocated[category] += buf.nbytes
             self._real[0] += buf.nbytes
             self._add(category, buf.nbytes)
             self._emit(action, buf.nbytes, category, origin, buf.id)
-        elif category != ACTIVATION and not buf.roles >> category & 1:
+            return buf
+        if buf.existing is not None:
+            if action == EXISTING:  # the scan found another role of it
+                buf.roles |= 0 if category == ACTIVATION else 1 << category
+                return buf
+            self._touch(buf)
+        if category != ACTIVATION and not buf.roles >> category & 1:
             buf.roles |= 1 << category
             old = self._move(buf, self._category_of(buf))
             if old != buf.category:
@@ -333,11 +356,48 @@ class Ledger(Observer):
             name = f"{tensor}:{op}.{role}" if op else f"{tensor}.{role}" if role else tensor
             self._track(a, category, self._origin(a, tensor, name, op, "", role, tensor, ""), action)
 
+    def _touch(self, buf: _Buffer) -> None:
+        """The recorded code uses, for the first time, a buffer held before the ledger started: it leaves "untouched"
+        for the strongest of its roles, there from the start (its events, the peaks, the bounded ledger's iteration
+        rows and bytes before its first kept event are moved: it was held all along, so each moves by its size)."""
+        seqs, buf.existing = buf.existing, None
+        self._untouched -= 1
+        c, n = self._category_of(buf), buf.nbytes
+        buf.category = c
+        finished = len(self._iterations) > 0
+        for counts in (self._live, self._it_peak, self._allocated, *((self._peak,) if finished else ())):
+            counts[UNTOUCHED] -= n
+            counts[c] += n
+        self._it_peak_used += n
+        if finished:
+            self._peak_used += n
+            self._iterations.retag(UNTOUCHED, c, n)
+        log = self.events
+        if seqs[0] < log.first:  # its first events were dropped (a bounded ledger)
+            self._base_live[UNTOUCHED] -= n
+            self._base_live[c] += n
+        for seq in seqs:
+            log.retag(seq, c)
+        if c == ACTIVATION and buf.life < 0:  # saved by a graph that existed: a lifetime from the start
+            saves = [log.code[q - log.first] for q in seqs if q >= log.first and log.code[q - log.first] >> 12 & 15]
+            buf.life = self._lives.add(buf.id, n, saves[0] >> 16 if saves else buf.origin, 0)
+
+    def _touch_arrays(self, arrays) -> None:
+        """The recorded code reads or writes these arrays: touch those still untouched."""
+        be = backend.current()
+        for a in arrays:
+            if be.is_array(a):
+                buf = self._buffers.get(id(be.buffer(a)[0]))
+                if buf is not None and buf.existing is not None:
+                    self._touch(buf)
+
     def _on_free(self, ref: _Ref) -> None:
         """The buffer's owning array is being freed (its weak reference calls back)."""
         buf = self._buffers.pop(ref.key, None)
         if buf is None:
             return
+        if buf.existing is not None:
+            self._untouched -= 1
         self._live[buf.category] -= buf.nbytes
         self._total -= buf.nbytes
         self._freed[buf.category] += buf.nbytes
@@ -362,6 +422,10 @@ class Ledger(Observer):
             origin = self._saved_origin(a, key, name, op, scope, kept, role_of)
             buf = self._track(a, ACTIVATION, origin, EXISTING if action == EXISTING else ALLOCATED)
             buf.saves += 1
+            if buf.existing is not None:  # a save the scan found, of a buffer not touched yet: it stays untouched
+                buf.existing.append(self.seq)
+                self._emit(action, buf.nbytes, UNTOUCHED, origin, buf.id, UNTOUCHED)
+                continue
             old = self._move(buf, self._category_of(buf))
             self._emit(action, buf.nbytes, buf.category, origin, buf.id, old)
             if buf.life < 0 and buf.category == ACTIVATION:
@@ -382,6 +446,10 @@ class Ledger(Observer):
             if buf is None:
                 continue
             buf.saves -= 1
+            if buf.existing is not None:  # a graph that existed, dropped unused
+                buf.existing.append(self.seq)
+                self._emit(UNSAVED, buf.nbytes, UNTOUCHED, self._saved_origin(a, key, *fields), buf.id, UNTOUCHED)
+                continue
             old = self._move(buf, self._category_of(buf))
             self._emit(UNSAVED, buf.nbytes, buf.category, self._saved_origin(a, key, *fields), buf.id, old)
 
@@ -405,6 +473,8 @@ class Ledger(Observer):
         transient = 0  # what the op allocated and freed again inside, per tracemalloc
         if self.trace_numpy and tracemalloc.is_tracing():
             transient = tracemalloc.get_traced_memory()[1] - self._starts[-1][2]
+        if self._untouched:
+            self._touch_arrays(call.arrays)  # it read its inputs (an op refused before it ran touches nothing)
         be = backend.current()
         for out in outputs if isinstance(outputs, tuple) else (outputs,):
             a = getattr(out, "data", out)
@@ -421,6 +491,8 @@ class Ledger(Observer):
         for a in entry.ctx.saved.values():
             if be.is_array(a):
                 buf = self._buffers.get(id(be.buffer(a)[0]))
+                if buf is not None and buf.existing is not None:
+                    self._touch(buf)  # a graph that existed before the ledger: its backward reads it
                 if buf is not None and buf.life >= 0:
                     self._lives.used(buf.life, self.step)
 
@@ -435,8 +507,14 @@ class Ledger(Observer):
         origin = self._origin(None, entry.name, entry.name, entry.op, entry.scope, "", "", "")
         self._record_op(origin, BACKWARD, entry.ctx.flops[1])
 
-    def on_update(self, kind: str, name: str, flops: int) -> None:
+    def on_update(self, kind: str, name: str, flops: int, arrays=()) -> None:
+        if self._untouched:
+            self._touch_arrays(arrays)  # what the update read and wrote: the parameter, its gradient, its states
         self._record_op(self._origin(None, name, name, kind, "", "", name, ""), self._phase, flops)
+
+    def on_use(self, arrays) -> None:
+        if self._untouched:
+            self._touch_arrays(arrays)
 
     def _record_op(self, origin: int, phase: int, flops: int, transient: int = 0) -> None:
         """One op ran (a forward, a backward or an update): a step, its FLOPs, a trace slice; then the capacity."""
@@ -449,7 +527,7 @@ class Ledger(Observer):
         log.op_flops.append(flops)
         self._emit(OP, 0, NO_CATEGORY, origin, phase=phase)
         if self.trace_numpy and tracemalloc.is_tracing():
-            self.traced.append((self.step, numpy_traced_bytes(), self.live_bytes(), transient))
+            self.traced.append((self.step, numpy_traced_bytes(), self._total, transient))
         self._check_capacity(origin, self._total - live_at_start)
 
     def _check_capacity(self, origin: int, request: int) -> None:
@@ -481,7 +559,7 @@ class Ledger(Observer):
         step, seq, flops = self._iteration
         return [step, self.step - step, self.seq - seq, *(now - then for now, then in zip(self.flops_by_phase.values(),
                                                                                             flops)),
-                *self._live, *self._it_peak, self._it_peak_total]
+                *self._live, *self._it_peak, self._it_peak_used, self._it_peak_total]
 
     def _next_iteration(self) -> None:
         """The forward of a new training iteration begins: summarize the last one, drop the oldest if bounded."""
@@ -489,8 +567,10 @@ class Ledger(Observer):
         self._iterations.append(self._iteration_row())
         self._peak = [max(a, b) for a, b in zip(self._peak, self._it_peak)]
         self._peak_total = max(self._peak_total, self._it_peak_total)
+        self._peak_used = max(self._peak_used, self._it_peak_used)
         self._iteration = self._iteration_start()
         self._it_peak, self._it_peak_total = list(self._live), self._total
+        self._it_peak_used = self._total - self._live[UNTOUCHED]
         if self.keep_iterations is not None:
             while len(self._iterations) + 1 - self._iterations.first_kept > self.keep_iterations:
                 self._drop_oldest()
@@ -515,24 +595,34 @@ class Ledger(Observer):
 
     def iterations(self) -> list[Iteration]:
         """A summary of every training iteration so far, the one in progress last (events.Iteration): ops,
-        events, FLOPs per phase, bytes per category at its end and its peaks. An iteration begins with the first
+        events, FLOPs per phase, bytes per category at its end and its peaks (per category, "total" as peak_bytes(),
+        "held" as peak_bytes(untouched=True)). An iteration begins with the first
         forward op after a backward or optimizer phase (forward, backward, optimizer step, zero_grad)."""
         return [*self._iterations, self._iterations.record(len(self._iterations), self._iteration_row())]
 
     # ---- queries ---------------------------------------------------------------------------
-    def live_bytes(self, category: str | None = None) -> int:
-        """Live bytes now, over all categories together or for one category."""
-        one_of("live_bytes", "category", category, CATEGORIES, none="all categories")
-        return self._total if category is None else self._live[_CATEGORY[category]]
+    def live_bytes(self, category: str | None = None, untouched: bool = False) -> int:
+        """Live bytes now, of one category or of all but "untouched" together (what the recorded code uses);
+        untouched=True: of all of them (what the process holds, as tracemalloc sees it)."""
+        one_of("live_bytes", "category", category, CATEGORIES, none="every category but 'untouched'")
+        _whole("live_bytes", category, untouched)
+        if category is not None:
+            return self._live[_CATEGORY[category]]
+        return self._total if untouched else self._total - self._live[UNTOUCHED]
 
-    def peak_bytes(self, category: str | None = None) -> int:
-        """Highest live bytes seen, over all categories together or for one category (the whole run, also in a
-        bounded ledger)."""
-        one_of("peak_bytes", "category", category, CATEGORIES, none="all categories")
-        if category is None:
+    def peak_bytes(self, category: str | None = None, untouched: bool = False) -> int:
+        """Highest live bytes seen (the whole run, also in a bounded ledger), of one category or of all but
+        "untouched" together: the peak of what the recorded code used, so that another model still referenced
+        does not make a run look worse. untouched=True: the peak of everything held, untouched bytes included
+        (what tracemalloc would see at its highest; a capacity is checked against this)."""
+        one_of("peak_bytes", "category", category, CATEGORIES, none="every category but 'untouched'")
+        _whole("peak_bytes", category, untouched)
+        if category is not None:
+            c = _CATEGORY[category]
+            return max(self._peak[c], self._it_peak[c])
+        if untouched:
             return max(self._peak_total, self._it_peak_total)
-        c = _CATEGORY[category]
-        return max(self._peak[c], self._it_peak[c])
+        return max(self._peak_used, self._it_peak_used)
 
     def flops(self, phase: str | None = None) -> int:
         """FLOPs recorded: all phases, or one of "forward", "backward", "recompute", "optimizer"."""
@@ -541,8 +631,9 @@ class Ledger(Observer):
 
     def timeline(self) -> dict:
         """Equal-length NumPy arrays, one entry per event kept: seq, step, cumulative flops, phase, time, the
-        live bytes of each category after the event, and their total (exact in a bounded ledger too: counted
-        from the bytes held before its first kept event)."""
+        live bytes of each category after the event, and their total, "untouched" included (what the process
+        holds; total - untouched is what the run used, whose highest is peak_bytes()); exact in a bounded ledger
+        too: counted from the bytes held before its first kept event."""
         col = self.events.columns()
         action, cat, src, nbytes = col["action"], col["category"], col["from_category"], col["nbytes"]
         allocates = ((action == EXISTING) | (action == ALLOCATED)) & (src < 0)
@@ -651,25 +742,39 @@ class Ledger(Observer):
         also in a bounded ledger).
 
         A buffer moving between categories (an output saved by the tape) leaves one and enters the
-        other: it counts as freed there and allocated here. The total row counts real memory only.
+        other: it counts as freed there and allocated here. The total row is what the recorded code used
+        (every category but "untouched", as live_bytes() and peak_bytes()); the row under it adds the untouched
+        bytes and counts real memory only (what tracemalloc sees), and a line says how many were untouched.
         """
-        rows = [f"{'category':<12}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
+        rows = [f"{'category':<16}{'current':>14}{'peak':>14}{'allocated':>14}{'freed':>14}"]
         rows.append("-" * len(rows[0]))
 
         def row(label, *values):
-            return f"{label:<12}" + "".join(f"{format_bytes(v, digits=2):>14}" for v in values)
+            return f"{label:<16}" + "".join(f"{format_bytes(v, digits=2):>14}" for v in values)
 
         for i, c in enumerate(CATEGORIES):
             rows.append(row(c, self._live[i], self.peak_bytes(c), self._allocated[i], self._freed[i]))
         rows.append("-" * len(rows[0]))
-        rows.append(row("total", self.live_bytes(), self.peak_bytes(), *self._real))
+        rows.append(row("total", self.live_bytes(), self.peak_bytes()))
+        rows.append(row("with untouched", self.live_bytes(untouched=True), self.peak_bytes(untouched=True),
+                        *self._real))
         rows.append("")
+        rows.append(self._untouched_line())
         rows.append("FLOPs  " + "  ".join(f"{p} {self.flops_by_phase[p]:.3e}" for p in PHASES))
         rows.append(f"events {self.seq}  ops {self.step}  steps {self.step}")
         if self.keep_iterations is not None:
             rows.append(f"kept: the events of the last {self.keep_iterations} training iteration(s) of "
                         f"{len(self._iterations) + 1}, {len(self.events)} events")
         return "\n".join(rows)
+
+    def _untouched_line(self) -> str:
+        """One line on the bytes held before the ledger started that the recorded code never used."""
+        held = self._allocated[UNTOUCHED]
+        if not held:
+            return "untouched: none (every buffer held before the ledger started was used by what it recorded)"
+        return (f"untouched: {format_bytes(held, digits=2)} held before the ledger started was never read or "
+                f"written by what it recorded ({format_bytes(self._live[UNTOUCHED], digits=2)} still held), left "
+                "out of the total and its peak")
 
     # ---- exports (exports.py) ---------------------------------------------------------------------
     def to_chrome_trace(self, path=None) -> dict:
@@ -708,9 +813,12 @@ class Ledger(Observer):
         exports.write_jsonl(self, path)
 
 
-def _subclasses(cls) -> list:
-    """cls and every class derived from it."""
-    return [cls, *(k for sub in cls.__subclasses__() for k in _subclasses(sub))]
+def _whole(method: str, category, untouched) -> None:
+    if not isinstance(untouched, (bool, np.bool_)):
+        raise TypeError(f"{method}: untouched must be True or False, got {untouched!r}")
+    if untouched and category is not None:
+        raise ValueError(f"{method}: untouched=True adds the untouched bytes to the total of every category; give "
+                         f"it without a category (or ask for {method}('untouched'))")
 
 
 def _holder(holder) -> tuple:

@@ -24,8 +24,11 @@ nothing else for them:
                                           policies.KeptOp also has `reason` and `role(key)`)
     on_backward(entry)                    entry's backward is about to run (pdb stops here: tg.debug)
     on_backward_done(entry, grad_ins)     it ran; `grad_ins` are the gradients it produced; may raise
-    on_update(kind, name, flops)          an update outside the tape ran (an optimizer step on parameter
-                                          `name`), after on_op_start(None); may raise
+    on_update(kind, name, flops, arrays)  an update outside the tape ran (an optimizer step on parameter
+                                          `name`), after on_op_start(None); `arrays` are those it read and
+                                          wrote (the parameter's data, its gradient, its states); may raise
+    on_use(arrays)                        the engine read or wrote these arrays outside an op: an in-place
+                                          method, a gradient added into a .grad, a .grad dropped or replaced
     begin_phase(name) / end_phase(name)   the events in between belong to a phase ("backward",
                                           "recompute", "optimizer"); phases nest
     begin_span(label) / end_span(label)   what runs in between is one named stretch of the phase it is in
@@ -56,7 +59,9 @@ class Observer:
 
     def on_backward_done(self, entry, grad_ins) -> None: ...
 
-    def on_update(self, kind: str, name: str, flops: int) -> None: ...
+    def on_update(self, kind: str, name: str, flops: int, arrays=()) -> None: ...
+
+    def on_use(self, arrays) -> None: ...
 
     def begin_phase(self, name: str) -> None: ...
 
@@ -140,11 +145,18 @@ def released(holder, arrays: dict) -> None:
 
 
 @contextlib.contextmanager
-def update(kind: str, name: str, flops: int):
-    """Tell this thread's observers that what runs inside updates `name` in place, costing `flops`."""
+def update(kind: str, name: str, flops: int, arrays=()):
+    """Tell this thread's observers that what runs inside updates `name` in place, costing `flops`, reading and
+    writing `arrays`."""
     watching = observers()
     for o in watching:
         o.on_op_start(None)
     yield
     for o in watching:
-        o.on_update(kind, name, flops)
+        o.on_update(kind, name, flops, arrays)
+
+
+def used(*arrays) -> None:
+    """Tell this thread's observers that the engine read or wrote these arrays outside an op (see on_use)."""
+    for o in observers():
+        o.on_use(arrays)

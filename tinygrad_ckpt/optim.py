@@ -15,7 +15,7 @@ from collections.abc import Mapping, Set
 
 import numpy as np
 
-from . import observe
+from . import observe, state
 from .backend import kernels, xp
 from .checks import float_dtype, number
 from .tensor import Tensor, increment_version
@@ -101,6 +101,7 @@ class Optimizer:
         self.master_weights = master_weights
         self.state: dict[int, dict] = {}
         self.step_count = 0
+        state.new_optimizer(self)  # remembered weakly: a Ledger entered later counts its states
 
     def __repr__(self) -> str:
         hyper = ", ".join(f"{k}={v!r}" for k, v in vars(self).items()
@@ -154,7 +155,8 @@ class Optimizer:
             kind, flops = self.kind, self.flops_per_element()
             for p in self.params:
                 if p.grad is not None:
-                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size):
+                    arrays = (p.data, p.grad, *self.state.get(id(p), {}).values())  # what the update reads and writes
+                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size, arrays):
                         self.update(p, p.grad)
                         if self.master_weights:
                             p.data[...] = self.state[id(p)]["master"]  # the half weights, refreshed (rounded)

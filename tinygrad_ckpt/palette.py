@@ -7,13 +7,16 @@ CATEGORY_COLORS = {
     "gradient": "#DD8452",
     "activation": "#C44E52",
     "other": "#A5A5A5",
+    "untouched": "#DADADA",  # a light grey band, hatched and stacked on top: apart from what the run used
 }
+UNTOUCHED_HATCH = "#B4B4B4"  # the hatching over the untouched band
 CATEGORY_LABELS = {
     "parameter": "parameters",
     "optimizer": "optimizer states",
     "gradient": "gradients",
     "activation": "activations (saved for backward)",
     "other": "other (inputs, outputs, temporaries)",
+    "untouched": "untouched (held before the ledger, never used by it; not in the peak)",
 }
 PHASE_COLORS = {"forward": "#DCEBF7", "backward": "#FBE3D3", "recompute": "#DDF2DD", "optimizer": "#E9E1F3"}
 RECOMPUTE_MARK = "#2E8B57"  # a timeline marks where replays run with this, along its top edge

@@ -30,6 +30,7 @@ from .palette import (
     LIFETIME_LABELS,
     PHASE_COLORS,
     RECOMPUTE_MARK,
+    UNTOUCHED_HATCH,
 )
 from .units import format_bytes
 
@@ -105,13 +106,25 @@ def _timeline_x(tl: dict, actions, x: str):
 
 
 def timeline_data(led, x: str = "event") -> dict:
-    """The ledger's timeline without the op markers: x, its label, phase, total and one array per category."""
+    """The ledger's timeline without the op markers: x, its label, phase, one array per category, "total" (all of
+    them) and "used" (all but "untouched": what the recorded code used, whose peak is led.peak_bytes())."""
     tl = led.timeline()
     actions = np.array([ev.action for ev in led.events], dtype=object)
     xs, keep, label = _timeline_x(tl, actions, x)
     out = {c: tl[c][keep] for c in (*CATEGORIES, "total")}
-    out.update(x=xs, xlabel=label, phase=tl["phase"][keep])
+    out.update(x=xs, xlabel=label, phase=tl["phase"][keep], used=out["total"] - out["untouched"])
     return out
+
+
+def untouched_note(leds, labels) -> str | None:
+    """A line saying how the ledgers differ in untouched bytes (held before each started, never used by its run),
+    or None when they hold the same."""
+    held = [led.peak_bytes("untouched") for led in leds]
+    if len(set(held)) < 2:
+        return None
+    each = "; ".join(f"{label}: {format_bytes(n)}" for label, n in zip(labels, held))
+    return (f"Not the same untouched memory ({each}): held before the ledger started, never used by the run;\n"
+            "hatched grey on top, left out of the peaks")
 
 
 def _phase_runs(phases) -> list[tuple[str, int, int]]:
@@ -127,7 +140,9 @@ def _phase_runs(phases) -> list[tuple[str, int, int]]:
 def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, shade_phases: bool = True,
                          x: str = "event", unit: str | None = None, legend: bool | str = True,
                          ymax: float | None = None) -> dict:
-    """Live bytes over time stacked by category, phases shaded, the peak marked and labelled.
+    """Live bytes over time stacked by category, phases shaded, the peak marked and labelled. What was held before
+    the ledger started and never used by the run ("untouched") is a hatched grey band on top, apart: the peak
+    marked is led.peak_bytes(), of what the run used.
 
     The forward, backward and optimizer phases are shaded bands; each replay of a checkpoint (phase
     "recompute", inside the backward) is marked along the top edge, so that a backward of many replays
@@ -139,7 +154,7 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
     Returns {"unit", "peak_bytes", "peak_x", "peak_phase", "handles"}.
     """
     d = timeline_data(led, x)
-    xs, total = d["x"], d["total"]
+    xs, total = d["x"], d["used"]
     if len(xs) == 0:
         raise ValueError("plot_memory_timeline: the ledger recorded no memory events")
     peak_i = int(np.argmax(total))
@@ -171,15 +186,16 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
         if not np.any(values):
             continue
         top = bottom + values
-        ax.fill_between(xe, np.r_[bottom, bottom[-1]], np.r_[top, top[-1]], step="post",
-                        color=CATEGORY_COLORS[c], lw=0, zorder=2)
-        cat_handles.append(Patch(color=CATEGORY_COLORS[c], label=CATEGORY_LABELS[c]))
+        apart = dict(facecolor=CATEGORY_COLORS[c], hatch="////", edgecolor=UNTOUCHED_HATCH) if c == "untouched" \
+            else dict(color=CATEGORY_COLORS[c])
+        ax.fill_between(xe, np.r_[bottom, bottom[-1]], np.r_[top, top[-1]], step="post", lw=0, zorder=2, **apart)
+        cat_handles.append(Patch(label=CATEGORY_LABELS[c], **apart))
         bottom = top
     handles = cat_handles[::-1] + handles  # legend top-down in stacking order
     ax.step(xe, np.r_[total, total[-1]] / div, where="post", color="black", lw=0.6, zorder=3)
 
     peak_bytes = int(total[peak_i])
-    top = ymax if ymax is not None else peak_bytes / div * 1.22
+    top = ymax if ymax is not None else max(peak_bytes, int(d["total"].max())) / div * 1.22
     ax.set_ylim(0, top)
     ax.set_xlim(xe[0], xe[-1])
     if peak:
@@ -209,14 +225,15 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
 def plot_timelines_side_by_side(leds, titles, path=None, x: str = "event", suptitle: str | None = None,
                                 figsize=None):
     """One memory timeline per ledger, side by side on one shared y-axis (e.g. without vs with
-    checkpointing), one legend below. Saves to `path` if given; returns the Figure."""
+    checkpointing), one legend below; a line under the title says when the ledgers differ in untouched bytes
+    (untouched_note). Saves to `path` if given; returns the Figure."""
     leds, titles = list(leds), list(titles)
     if len(leds) != len(titles):
         raise ValueError("plot_timelines_side_by_side: give one title per ledger")
     n = len(leds)
     fig, axes = new_figure(1, n, figsize=figsize or (4.6 * n + 1.0, 4.4), sharey=True)
     axes = np.atleast_1d(axes)
-    top = max(led.peak_bytes() for led in leds)
+    top = max(led.peak_bytes(untouched=True) for led in leds)
     unit = byte_unit(top)[1]
     ymax = top / unit_divisor(unit) * 1.22
     handles = {}
@@ -228,8 +245,9 @@ def plot_timelines_side_by_side(leds, titles, path=None, x: str = "event", supti
             ax.set_ylabel("")
     fig.legend(handles=list(handles.values()), loc="outside lower center", ncol=min(len(handles), 4),
                fontsize=8, frameon=False)
-    if suptitle:
-        fig.suptitle(suptitle)
+    note = untouched_note(leds, titles)
+    if suptitle or note:
+        fig.suptitle("\n".join(t for t in (suptitle, note) if t), **({"fontsize": 10} if note else {}))
     if path is not None:
         save(fig, path)
     return fig

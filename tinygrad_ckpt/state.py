@@ -21,8 +21,9 @@ A new thread starts with gradients on, no scope, seed 0, and the observers of `t
 Per process: the active backend (backend.use_backend), the creation number of every tensor, the
 sequence number every entry gets when recorded, the record of buffers changed in place (each change
 also takes a sequence number, so an entry knows a saved buffer changed after it was recorded when the
-change's number is larger), and the leaves that require grad by buffer (an in-place change through a
-view of one is refused).
+change's number is larger), the leaves that require grad by buffer (an in-place change through a
+view of one is refused), and weak references to every live tensor, optimizer and printed tape: what a
+Ledger entered now finds the engine holding already (`live_tensors`, `live_optimizers`, `live_tapes`).
 """
 
 from __future__ import annotations
@@ -69,8 +70,64 @@ grad_leaves = weakref.WeakValueDictionary()  # id(buffer) -> a leaf requiring gr
 
 
 def next_tensor() -> int:
-    """The creation number of a new tensor: a checkpoint tells tensors made inside it from older ones."""
+    """A number larger than every tensor's creation number so far: a checkpoint tells tensors made inside it from
+    older ones."""
     return next(_tensors)
+
+
+# ---- what is alive: weak references, so remembering keeps nothing alive ---------------------------------------
+_tensor_refs: list = []  # a weak reference to every tensor made, oldest first; dead ones are dropped now and then
+_tidy_at = 1024  # drop the dead references when there are more than this (twice the live ones after the last tidy)
+_tidying = threading.Lock()
+_optimizers = weakref.WeakValueDictionary()  # creation order -> optimizer
+_tapes = weakref.WeakValueDictionary()  # creation order -> a Tape (tensor.tape()) someone may hold after its tensors
+_others = itertools.count()
+
+
+def new_tensor(tensor) -> int:
+    """Remember a new tensor weakly (`live_tensors`) and return its creation number (Tensor._init calls this once
+    per tensor: a weak reference and an append, about 0.1 µs)."""
+    _tensor_refs.append(weakref.ref(tensor))
+    if len(_tensor_refs) > _tidy_at:
+        _tidy()
+    return next(_tensors)
+
+
+def _tidy() -> None:
+    """Drop the references of dead tensors (amortized: each tidy at least halves what is left to tidy)."""
+    global _tidy_at
+    if not _tidying.acquire(blocking=False):  # another thread tidies now
+        return
+    try:
+        n = len(_tensor_refs)  # references appended meanwhile (other threads) sit after n and stay
+        alive = [r for r in _tensor_refs[:n] if r() is not None]
+        _tensor_refs[:n] = alive
+        _tidy_at = max(1024, 2 * len(alive))
+    finally:
+        _tidying.release()
+
+
+def live_tensors() -> list:
+    """Every tensor alive now, oldest first (garbage not yet collected included: its memory is still held)."""
+    return [t for t in (r() for r in list(_tensor_refs)) if t is not None]
+
+
+def new_optimizer(optimizer) -> None:
+    _optimizers[next(_others)] = optimizer
+
+
+def live_optimizers() -> list:
+    """Every optimizer alive now, oldest first."""
+    return list(_optimizers.values())
+
+
+def new_tape(tape) -> None:
+    _tapes[next(_others)] = tape
+
+
+def live_tapes() -> list:
+    """Every Tape (`tensor.tape()`) alive now: it holds its entries, and their saves, after its tensors are gone."""
+    return list(_tapes.values())
 
 
 def next_sequence() -> int:

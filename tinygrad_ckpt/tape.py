@@ -132,6 +132,7 @@ class Tape:
 
     def __init__(self, entries: list[TapeEntry]):
         self.entries = entries
+        state.new_tape(self)  # it keeps its entries' saves alive: a Ledger entered later counts them
 
     def __len__(self) -> int:
         return len(self.entries)

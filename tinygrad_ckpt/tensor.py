@@ -60,7 +60,8 @@ class Tensor:
         self.requires_grad = bool(requires_grad)
         self.name = None
         self._grad = None
-        self._uid = state.next_tensor()  # creation order: a checkpoint tells tensors made inside it from older ones
+        self._uid = state.new_tensor(self)  # creation order (a checkpoint tells tensors made inside it from older
+        # ones); the tensor is remembered weakly, so a Ledger entered later finds what it holds
         self._entry, self._index = entry, index
 
     @classmethod
@@ -87,6 +88,8 @@ class Tensor:
                                  f"{self.grad_dtype or self.dtype}, got "
                                  f"{list(value.shape)} {value.dtype}.")
             observe.alloc(value, "gradient", label, "grad")
+        if self._grad is not None:
+            observe.used(self._grad)  # dropped or replaced: the code used it (a Ledger's "untouched" ends)
         self._grad = value
 
     @property
@@ -147,6 +150,7 @@ class Tensor:
             self._grad = g
         else:
             self._grad += g
+        observe.used(self.data, self._grad)  # its gradient was taken (for a Ledger: used, not "untouched")
 
     def detach(self) -> Tensor:
         """Same data (no copy), cut from the graph."""
@@ -201,6 +205,7 @@ class Tensor:
                     "`with tg.no_grad():`, or change a copy."
                 )
         update(self.data, _raw(other))
+        observe.used(self.data, _raw(other))
         increment_version(self)
         return self
 
