@@ -195,8 +195,10 @@ class AppliedPlan:
             if segment.checkpoint:
                 self.segment_of.update({k: segment for k in range(segment.start, segment.stop)})
         self.before = {k: self.blocks[k].__dict__.get("forward") for k in self.segment_of}  # own forwards, if any
-        for k in self.segment_of:
-            self.blocks[k].__dict__["forward"] = _PlannedForward(self, k)
+        self.forwards = {k: _PlannedForward(self, k) for k in self.segment_of}
+        for k, forward in self.forwards.items():
+            self.blocks[k].__dict__["forward"] = forward
+        self.calling = None  # the block whose forward is running its segment's checkpoint now (in the forward)
         self.inside = 0  # > 0 while a checkpointed segment runs its blocks (in forward or in a replay)
         self.carry = None  # (hidden states, output) the segment's first block returned, for the blocks after it
         self.rest = None  # the last block's output beyond its hidden states (a tuple's other items)
@@ -227,7 +229,8 @@ class AppliedPlan:
         replaced; returns its hidden states (and notes the rest of its output)."""
         def call(h):
             a, kw = _with_hidden(args, kwargs, h)
-            out = self.blocks[j](*a, **kw)
+            # the block whose call runs the segment has had its hooks run (FSDP's all-gather, scope): its own forward
+            out = self.forwards[j].own(*a, **kw) if j == self.calling else self.blocks[j](*a, **kw)
             if isinstance(out, tuple | list):
                 self.rest = (type(out), tuple(out[1:]))
                 return out[0]
@@ -287,7 +290,11 @@ class _PlannedForward:
                 a.carry = None
             return out
         steps = [a.step(j, args, kwargs) for j in range(len(a.blocks))]
-        hidden = planner.Plan([segment]).run(steps, _hidden_of(args, kwargs), a.checkpoint)
+        a.calling = k
+        try:
+            hidden = planner.Plan([segment]).run(steps, _hidden_of(args, kwargs), a.checkpoint)
+        finally:
+            a.calling = None
         out = hidden if a.rest is None else a.rest[0]((hidden, *a.rest[1]))
         a.carry = (hidden, out) if segment.stop - segment.start > 1 else None
         return out
