@@ -283,3 +283,10 @@ def test_the_comparison_with_the_engines_ledger_is_one_call():
         assert r["difference"] == 2 * layer_norm, r  # two layer norms a block, nothing else differs
     table = tp.comparison_table(saves, led)
     assert "transformer.h.3" in table and "total" in table
+
+
+def test_a_segment_of_several_fsdp_units_is_refused_by_name(monkeypatch):
+    monkeypatch.setattr(tp, "_is_fsdp", lambda module: True)  # as if each block were fully_shard-ed
+    with pytest.raises(ValueError, match=r"transformer\.h\.0 is an FSDP2 unit.*'every_layer'"):
+        tp.apply_plan(_model("nanogpt"), 2)
+    tp.apply_plan(_model("nanogpt"), "every_layer")  # one block per checkpoint: FSDP2's hooks run once each

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils import checkpoint as torch_checkpoint
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, is_traceable_wrapper_subclass
 
 try:  # tensor parallelism's sharded tensors (SavedBytes counts a DTensor's local shard)
     from torch.distributed.tensor import DTensor
@@ -359,7 +359,7 @@ class Kept:
     @property
     def layer(self) -> str:
         """The layer of the module that kept it, as the ledger names layers ("transformer.h.3"; "" outside any)."""
-        return layer_of(self.scope) if self.scope else ""
+        return layer_of(f"{self.scope}.op") if self.scope else ""  # the path of a module: its ops' layer
 
 
 @dataclass
@@ -509,8 +509,11 @@ class SavedBytes:
         SavedBytes.active = None
 
 def _local(t: torch.Tensor) -> torch.Tensor:
-    """The tensor whose storage holds t's data on this process: a DTensor's local shard, else t."""
-    return t._local_tensor if isinstance(t, DTensor) else t
+    """The tensor whose storage holds t's data on this process: a DTensor's local shard (and the tensor inside any
+    other wrapper, such as a collective's AsyncCollectiveTensor), else t."""
+    while is_traceable_wrapper_subclass(t):
+        t = getattr(t, t.__tensor_flatten__()[0][0])
+    return t
 
 
 def _is_noise(t: torch.Tensor) -> bool:

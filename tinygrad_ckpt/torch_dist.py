@@ -447,11 +447,13 @@ def terms(spec: Spec, world: int, saves: str = "engine") -> dict:
     return out
 
 
-def _block_terms(named: dict, spec: Spec, plain: bool) -> list:
-    """The terms of one block's saves: two layer norms (mean; input, but for ln_1 of a checkpointed block, whose input
-    is the checkpoint's, kept anyway) and, under sequence parallelism, two column-parallel linears."""
+def _block_terms(named: dict, spec: Spec, starts: bool) -> list:
+    """The terms of one block's saves: two layer norms (mean; input, but for ln_1 of a block that starts a
+    checkpoint, whose input is the checkpoint's, kept anyway) and, under sequence parallelism, two column-parallel
+    linears."""
+    norms = 1 if starts else 2
     out = [("2 × layer_norm_mean", 2 * named["layer_norm_mean"][0]),
-           (f"{2 if plain else 1} × layer_norm_input", (2 if plain else 1) * named["layer_norm_input"][0])]
+           (f"{norms} × layer_norm_input", norms * named["layer_norm_input"][0])]
     if spec.sequence:
         out.append(("2 × gathered_input (c_attn, c_fc)", 2 * named["gathered_input"][0]))
     return out
@@ -470,16 +472,16 @@ def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "tran
     parameters, gradients, AdamW states, the saves of every block, of ln_f + lm_head and of the loss, the peak of
     saved bytes, and FSDP2's all-gathered parameters and unsharded gradients; each difference a named term
     (terms()). compare(spec, rank, saves="pytorch") is the comparison with the estimate's --saves pytorch."""
+    from . import planner
+
+    if spec.policy:
+        raise NotImplementedError("torch_dist.compare: the named terms are derived for plans (full recompute); under "
+                                  f"policy {spec.policy} the ranks' measurements stand alone")
     world = rank["world"]
     est = est or estimate(spec, world, saves)
     named = terms(spec, world, saves)
-    plan = spec.plan
-    checkpointed = set()
-    if plan is not None or spec.policy:
-        from . import planner
-
-        resolved = planner.plan_for(spec.shape.n_layer, plan or "every_layer")
-        checkpointed = {k for seg in resolved.segments if seg.checkpoint for k in range(seg.start, seg.stop)}
+    plan = planner.plan_for(spec.shape.n_layer, spec.plan) if spec.plan is not None else None
+    starts = set(plan.checkpoint_boundaries()) if plan is not None else set()  # blocks whose input a checkpoint keeps
     rows = [Row("parameters", rank["params"], est["params"], []),
             Row("gradients", rank["grads"], est["grads"], []),
             Row("optimizer states", sum(rank["optimizer"].values()), est["optimizer"],
@@ -489,7 +491,7 @@ def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "tran
     for k in range(spec.shape.n_layer):
         name = f"{blocks}.{k}"
         rows.append(Row(f"saved, {name}", ours.get(name, 0), theirs.get(name, 0),
-                        _block_terms(named, spec, k not in checkpointed)))
+                        _block_terms(named, spec, k in starts)))
     head = ("transformer.ln_f", "lm_head")
     rows.append(Row("saved, ln_f + lm_head", sum(ours.get(n, 0) for n in head), sum(theirs.get(n, 0) for n in head),
                     _head_terms(named, spec)))
@@ -497,11 +499,15 @@ def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "tran
                     [("cross_entropy", named["cross_entropy"][0])]))
     rows.append(Row("saved, embeddings", sum(v for n, v in ours.items() if n.startswith("transformer.w")),
                     sum(v for n, v in theirs.items() if n.startswith("transformer.w")), []))
+    for seg in plan.segments if plan is not None else ():  # a checkpoint of several blocks keeps its input under
+        if seg.checkpoint and seg.stop - seg.start > 1:  # its own name, in both ("transformer.h.0-1")
+            name = f"{blocks}.{seg.start}-{seg.stop - 1}"
+            rows.append(Row(f"saved, {name} (its input)", ours.get(name, 0), theirs.get(name, 0), []))
     live = rank["at_peak_by_module"]  # what PyTorch held at its peak: the terms of those saves
     peak_terms = []
     for k in range(spec.shape.n_layer):
         if any(scope.startswith(f"{blocks}.{k}.") for scope in live):
-            peak_terms += [(f"{blocks}.{k}: {n}", b) for n, b in _block_terms(named, spec, k not in checkpointed)]
+            peak_terms += [(f"{blocks}.{k}: {n}", b) for n, b in _block_terms(named, spec, k in starts)]
     if any(scope in head for scope in live):
         peak_terms += [(f"ln_f + lm_head: {n}", b) for n, b in _head_terms(named, spec)]
     if "" in live:

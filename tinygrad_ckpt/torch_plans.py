@@ -348,12 +348,27 @@ def apply_plan(model: torch.nn.Module, plan="every_layer", blocks: str | None = 
                              "step=, a function that runs its forward and returns the loss")
         plan = plan_for_budget(model, plan[1], step, blocks=path, max_depth=max_depth)
     plan = _resolve(len(found), plan, policy, owner="apply_plan")
+    for segment in plan.segments:
+        fsdp = [f"{path}.{k}" for k in range(segment.start, segment.stop) if _is_fsdp(found[k])]
+        if segment.checkpoint and segment.stop - segment.start > 1 and fsdp:
+            raise ValueError(f"apply_plan: {fsdp[0]} is an FSDP2 unit, and plan {plan.describe()} checkpoints "
+                             f"{path}.{segment.start}..{segment.stop - 1} as one segment, run from the first block's "
+                             "call: FSDP2 gathers each unit's parameters in its own call. Checkpoint each block "
+                             "('every_layer'), or fully_shard each segment's blocks as one unit")
     if policy is not None and plan.depth > 1:
         raise ValueError(f"apply_plan: policy {policy.name} decides inside checkpoints that run their blocks plainly; "
                          f"plan {plan.describe()} nests checkpoints (depth {plan.depth})")
     applied = AppliedPlan(model, path, found, plan, policy)
     model.__dict__["_tg_plan"] = applied
     return applied
+
+
+def _is_fsdp(module: torch.nn.Module) -> bool:
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return False
+    return isinstance(module, FSDPModule)
 
 
 def remove_plan(model: torch.nn.Module) -> None:
@@ -407,7 +422,8 @@ class _PolicyCache:
     def __init__(self, applied: AppliedPlan, name: str):
         self.applied, self.policy, self.name = applied, applied.policy, name
         self.entries: dict[tuple, _Entry] = {}
-        self.read: set[int] = set()  # storages recomputed ops read or autograd keeps
+        self.cached: set[int] = set()  # storages of the outputs cached so far (alive: the cache holds them)
+        self.read: set[int] = set()  # of those, the ones recomputed ops read or autograd keeps
         self.kept = self.recomputed = 0  # ops the policy kept / sent to the replay
         self.handed: list = []  # meter keys of what the replay running now was served
         self.meter = tb.SavedBytes.active
@@ -429,7 +445,13 @@ class _PolicyCache:
         leaves, spec = tree_flatten(out)
         leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
         versions = [t._version for t in leaves if isinstance(t, torch.Tensor)]
-        self.entries[key] = _Entry(spec, leaves, inputs, versions, tb._current_scope(), [])
+        self.entries[key] = _Entry(spec, leaves, inputs & self.cached, versions, tb._current_scope(), [])
+        self.cached.update(_storage(t) for t in leaves if isinstance(t, torch.Tensor))
+
+    def reads(self, storages) -> None:
+        """A recomputed op reads these storages, or autograd keeps them: the cached ones among them are needed. (Only
+        those: a temporary's address may be taken again by a later output once it is freed.)"""
+        self.read.update(p for p in storages if p in self.cached)
 
     @contextlib.contextmanager
     def watching_saves(self):
@@ -437,7 +459,7 @@ class _PolicyCache:
         pack_below, unpack_below = torch._C._autograd._top_saved_tensors_default_hooks(False)
 
         def pack(x):
-            self.read.add(_storage(x))
+            self.reads((_storage(x),))
             return pack_below(x)
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack_below):
@@ -450,7 +472,7 @@ class _PolicyCache:
             tensors = [t for t in entry.leaves if isinstance(t, torch.Tensor)]
             if any(t._version != v for t, v in zip(tensors, entry.versions)):
                 del self.entries[key]
-                self.read.update(entry.inputs)
+                self.reads(entry.inputs)
         for entry in self.entries.values():
             for i, t in enumerate(entry.leaves):
                 if isinstance(t, torch.Tensor) and _storage(t) not in self.read:
@@ -521,7 +543,7 @@ class _KeepOps(TorchDispatchMode):
         if self.cache.keeps(func):
             self.cache.cache(key, out, inputs)
         else:
-            self.cache.read.update(inputs)
+            self.cache.reads(inputs)
         return out
 
 
@@ -575,7 +597,11 @@ class TorchSaves:
 
 
 def _storage(t: torch.Tensor) -> int:
-    return tb._local(t).untyped_storage().data_ptr()
+    """The address of the storage that holds t's data here (a wrapper's inside; -id(t) for one with none)."""
+    try:
+        return tb._local(t).untyped_storage().data_ptr()
+    except RuntimeError:  # a tensor subclass with no storage of its own
+        return -id(t)
 
 
 def _exclusion_hooks(model: torch.nn.Module, meter: tb.SavedBytes) -> list:
