@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import re
 import time
 import warnings
 import weakref
@@ -698,13 +699,40 @@ def _saves(x, by: str) -> dict:
     return x.saved_breakdown(by=by)  # an engine Ledger
 
 
+OUTSIDE = "(outside any module)"
+
+
 def compare(torch_saves, engine, by: str = "layer") -> list[dict]:
     """Per layer (or module), PyTorch's saved bytes (a TorchSaves, SavedBytes or {name: bytes}) beside the engine's
-    (a Ledger or {name: bytes}): [{name, torch, engine, difference}], in the engine's order, then PyTorch's own."""
-    ours, theirs = _saves(torch_saves, by), _saves(engine, by)
-    names = list(theirs) + [n for n in ours if n not in theirs]
-    return [{"name": n or "(top)", "torch": ours.get(n, 0), "engine": theirs.get(n, 0),
-             "difference": ours.get(n, 0) - theirs.get(n, 0)} for n in names]
+    (a Ledger or {name: bytes}): [{name, torch, engine, difference}], in the engine's order, then PyTorch's own.
+    What ops outside any module keep (the loss) is one row: PyTorch's scope "" and the engine's layers named after
+    such an op ("cross_entropy")."""
+    ours, theirs = dict(_saves(torch_saves, by)), dict(_saves(engine, by))
+    outside = [n for n in theirs if n not in ours and "." not in n and n != "(top)"] + \
+        [n for n in ("(top)",) if n in theirs]
+    ours[OUTSIDE] = ours.pop("", 0)
+    theirs[OUTSIDE] = sum(theirs.pop(n) for n in outside)
+    names = _in_block_order([n for n in theirs if n != OUTSIDE] + [n for n in ours if n not in theirs]) + [OUTSIDE]
+    return [{"name": n, "torch": ours.get(n, 0), "engine": theirs.get(n, 0),
+             "difference": ours.get(n, 0) - theirs.get(n, 0)} for n in names if ours.get(n) or theirs.get(n)]
+
+
+def _in_block_order(names: list) -> list:
+    """Names in the order given, except that the blocks of one list ("transformer.h.3", and a segment's
+    "transformer.h.2-3") go together by index, where the first of them was (a replay names its blocks in backward)."""
+    def block(name):
+        m = re.fullmatch(r"(.*\.)(\d+)(?:-(\d+))?", name)
+        return (m.group(1), int(m.group(2)), m.group(3) is None) if m else None
+
+    out, placed = [], set()
+    for name in names:
+        key = block(name)
+        if key is None:
+            out.append(name)
+        elif key[0] not in placed:
+            placed.add(key[0])
+            out += sorted((n for n in names if (b := block(n)) and b[0] == key[0]), key=lambda n: block(n)[1:])
+    return out
 
 
 def comparison_table(torch_saves, engine, by: str = "layer") -> str:
