@@ -290,3 +290,17 @@ def test_a_segment_of_several_fsdp_units_is_refused_by_name(monkeypatch):
     with pytest.raises(ValueError, match=r"transformer\.h\.0 is an FSDP2 unit.*'every_layer'"):
         tp.apply_plan(_model("nanogpt"), 2)
     tp.apply_plan(_model("nanogpt"), "every_layer")  # one block per checkpoint: FSDP2's hooks run once each
+
+
+def test_measure_costs_gives_the_planner_each_blocks_measured_costs(plain):
+    model, step, base, _ = plain["nanogpt"]
+    costs = tp.measure_costs(model, step)
+    d = 64
+    assert len(costs) == 4
+    for k, c in enumerate(costs):
+        assert c.forward_flops == 2 * B * T * 12 * d * d + 2 * 2 * B * T * T * d  # the linears, q kᵀ and att·v
+        assert c.input_bytes == B * T * d * 4 and c.saved_bytes == base.by_layer()[f"transformer.h.{k}"]
+    tp.apply_plan(model, "every_layer")
+    with pytest.raises(ValueError, match="remove_plan"):
+        tp.measure_costs(model, step)
+    tp.remove_plan(model)
