@@ -78,3 +78,45 @@ def test_lesson_12_per_device_plans_and_table_2(tmp_path):
     assert runs["TP"]["comparison"].formula == sum(est.korthikanti_parallel_terms(s, b, h, 32, 8).values())
     # a larger batch never fits where a smaller one does not
     assert r["largest_batch"]["TP + SP + selective"] >= r["largest_batch"]["TP"]
+
+
+def test_lesson_15_plans_your_own_model(tmp_path):
+    pytest.importorskip("torch", reason="lesson 15 needs the optional extra torch")
+    r = _run("15_your_own_model", tmp_path)
+    assert len(r["figures"]) == 1
+    # every layer of the foreign GPT: PyTorch = the ledger + the named layer-norm term, and nothing else
+    assert r["unexplained"] == 0
+    for torch_bytes, engine_bytes in r["per_layer"]["none"].values():
+        assert torch_bytes - engine_bytes == r["per_block_term"]
+    assert r["bitwise"] and r["peaks"]["plan"] < 0.5 * r["peaks"]["none"]
+    llama = r["llama"]
+    assert all(ok for _, ok, _ in llama.values())  # gradients bit-identical under every plan
+    assert all(llama[k][0] < llama["none"][0] for k in llama if k != "none")
+    assert r["korthikanti_warning"] and "self_attn" in r["korthikanti_warning"][0]
+    from tinygrad_ckpt import torch_dist as td
+
+    if td.availability() is None:
+        for label, run in r["tp"].items():
+            assert run["worst"] <= 0.02, label
+            assert all(loss == pytest.approx(ref, rel=1e-5) for loss, ref in run["losses"])
+    else:
+        assert r["tp"] is None and r["tp_skipped"]
+
+
+def test_lesson_15_skips_cleanly_without_torch(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_torch(name, *args, **kwargs):
+        if name == "torch" or name.startswith("torch."):
+            raise ImportError("No module named 'torch'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_torch)
+    module = figures.load_lesson(figures.lessons_dir() / "15_your_own_model.py")
+    result = module.main(quick=True, out=str(tmp_path))
+    assert result["figures"] == [] and "pip install" in result["skipped"]
+    assert "skipped" in capsys.readouterr().out
+    assert list(tmp_path.iterdir()) == []
+    assert module.headline(result) == [f"skipped: {result['skipped']}"]

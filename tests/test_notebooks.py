@@ -44,8 +44,8 @@ def test_notebook_runs_on_quick_sizes(stem, tmp_path):
     nbformat = pytest.importorskip("nbformat", reason="nbformat not installed (pip install -e '.[test]')")
     nbclient = pytest.importorskip("nbclient", reason="nbclient not installed (pip install -e '.[test]')")
     pytest.importorskip("ipykernel", reason="ipykernel not installed (pip install -e '.[test]')")
-    if stem.startswith("11_"):  # the lesson only says "skipped" without PyTorch
-        pytest.importorskip("torch", reason="lesson 11 needs the optional extra torch")
+    if stem.startswith(("11_", "15_")):  # the lesson only says "skipped" without PyTorch
+        pytest.importorskip("torch", reason=f"lesson {stem[:2]} needs the optional extra torch")
     nb = nbformat.reads((notebooks.notebooks_dir() / f"{stem}.ipynb").read_text(), 4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     params.source = f"QUICK = True\nOUT = {str(tmp_path)!r}"

@@ -34,10 +34,16 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch.utils import checkpoint as torch_checkpoint
-from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes, is_traceable_wrapper_subclass
+
+try:  # tensor parallelism's sharded tensors (SavedBytes counts a DTensor's local shard)
+    from torch.distributed.tensor import DTensor
+except ImportError:  # a torch built without distributed
+    DTensor = type("DTensor", (), {})
 
 from . import planner
 from .estimate import llama_ffn_hidden
+from .events import layer_of
 from .policies import Policy
 
 aten = torch.ops.aten
@@ -553,6 +559,11 @@ class Kept:
     noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
     needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
 
+    @property
+    def layer(self) -> str:
+        """The layer of the module that kept it, as the ledger names layers ("transformer.h.3"; "" outside any)."""
+        return layer_of(f"{self.scope}.op") if self.scope else ""  # the path of a module: its ops' layer
+
 
 @dataclass
 class SavedBytes:
@@ -581,15 +592,15 @@ class SavedBytes:
 
     def hold(self, t: torch.Tensor, how: str) -> tuple | None:
         """Count t's storage as kept by one more holder of kind `how`; returns the key to release it with."""
-        storage = t.untyped_storage()
+        storage = _local(t).untyped_storage()
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if ptr in self.exclude or nbytes == 0:
             return None
         if how == "saved":
             self.read(ptr)  # an autograd node keeps it: backward reads it
         if ptr not in self._live:
-            record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(t.shape), nbytes, how,
-                          t.requires_grad, ptr, _is_noise(t), needed=how != "cached")
+            record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(_local(t).shape), nbytes, how,
+                          t.requires_grad, ptr, _is_noise(_local(t)), needed=how != "cached")
             self._live[ptr] = record
             self.kept.append(record)
             self.live += nbytes
@@ -638,7 +649,7 @@ class SavedBytes:
 
     def release_tensor(self, t: torch.Tensor, how: str) -> None:
         """The cache handed t back to a replay: no longer held by it."""
-        key = t.untyped_storage().data_ptr(), how
+        key = _local(t).untyped_storage().data_ptr(), how
         if key in self._refs and key in self.region.cached:
             self.region.cached.remove(key)
             self.release(key)
@@ -648,6 +659,24 @@ class SavedBytes:
         for key in keys:
             self.release(key)
         keys.clear()
+
+    def by_module(self, depth: int | None = None) -> dict:
+        """{module path: bytes} of every storage kept for backward over the step, each counted once each time it
+        starts being held (a replay's storages again), under the module that held it first ("" outside any):
+        the counterpart of the ledger's saved_breakdown(by="module"). `depth` cuts paths to that many parts."""
+        out: dict[str, int] = {}
+        for k in self.kept:
+            key = ".".join(k.scope.split(".")[:depth]) if depth else k.scope
+            out[key] = out.get(key, 0) + k.nbytes
+        return out
+
+    def by_layer(self) -> dict:
+        """{layer: bytes} as by_module, per layer as the ledger's saved_breakdown(by="layer") names them
+        ("transformer.h.3", "model.layers.0", "transformer.ln_f"; events.layer_of)."""
+        out: dict[str, int] = {}
+        for k in self.kept:
+            out[k.layer] = out.get(k.layer, 0) + k.nbytes
+        return out
 
     # saved-tensor hooks: outside regions the packed tensor is held by its slot; inside a region's forward the
     # checkpoint's hook below drops it (the slot learns at unpack which replayed tensor it stood for); inside a
@@ -665,7 +694,7 @@ class SavedBytes:
             packed = pack_below(x)
             if replay:
                 return _Slot(self, packed, self.hold(x, "recomputed"), owns=False)
-            self.read(x.untyped_storage().data_ptr())  # a node keeps it: a cached storage is needed
+            self.read(_local(x).untyped_storage().data_ptr())  # a node keeps it: a cached storage is needed
             return _Slot(self, packed, None, below=unpack_below)
 
         return torch.autograd.graph.saved_tensors_hooks(pack, _Slot.unpack)
@@ -681,6 +710,14 @@ class SavedBytes:
     def __exit__(self, *exc):
         self._hooks.__exit__(*exc)
         SavedBytes.active = None
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage holds t's data on this process: a DTensor's local shard (and the tensor inside any
+    other wrapper, such as a collective's AsyncCollectiveTensor), else t."""
+    while is_traceable_wrapper_subclass(t):
+        t = getattr(t, t.__tensor_flatten__()[0][0])
+    return t
+
 
 def _is_noise(t: torch.Tensor) -> bool:
     """Is t a dropout noise mask as CPU dropout makes it (floats needing no grad, each 0 or 1/(1-p))?"""
@@ -708,7 +745,7 @@ class _Slot:
             return slot.packed
         t = slot.below(slot.packed)  # a replayed tensor, held since the replay: let go with this slot
         if slot.cell[0] is None:
-            key = t.untyped_storage().data_ptr(), "recomputed"
+            key = _local(t).untyped_storage().data_ptr(), "recomputed"
             meter = SavedBytes.active
             if meter is not None and key in meter._refs:
                 slot.cell[0] = key
@@ -804,3 +841,10 @@ def measure_step(model: TorchGPT, idx, targets, seed: int = 0) -> TorchStep:
 
 __all__ = ["TorchGPT", "TorchLlama", "load_balancing_loss", "run_blocks", "engine_op", "selective_contexts",
            "SavedBytes", "Kept", "TorchStep", "measure_step"]
+
+
+def __getattr__(name):  # the engine's plans on any torch.nn.Module live in torch_plans (it imports this module)
+    if name in ("apply_plan", "remove_plan", "measure", "comparison_table", "find_blocks"):
+        from . import torch_plans
+        return getattr(torch_plans, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
