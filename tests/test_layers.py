@@ -27,7 +27,11 @@ LAYERS = [
     # memory_viz snapshot, from plain event data
     {"exports"},  # what Ledger.to_* write: Chrome trace, CSV, JSONL, memory_viz, the explorer page
     {"ledger"},  # an observer
-    {"plots", "measure", "torch_bridge"},  # torch_bridge: plans applied to PyTorch (optional extra [torch])
+    {"plots", "measure", "torch_saves", "torch_weights"},  # torch_saves: plans run in PyTorch, its saves measured;
+    # torch_weights: weights by name into PyTorch models (optional extra [torch], as every torch_* module)
+    {"torch_plans"},  # the engine's plans on any torch.nn.Module
+    {"torch_bridge"},  # a GPT and a Llama in PyTorch with the engine's names; re-exports torch_plans' calls
+    {"torch_dist"},  # the plans on torch.distributed (DTensor, FSDP2), per rank against the estimate
     {"tapeview", "report"},  # tape entries as a table and a drawing (draws with plots); what `estimate` prints
     {"figures"},
     {"notebooks", "apidoc"},  # the lessons as notebooks; docs/api.md from the docstrings
@@ -87,4 +91,4 @@ def test_the_checker_sees_imports_inside_functions(tmp_path):
     tree = ast.parse("def f():\n    from .ledger import Ledger\n")
     node = next(n for n in ast.walk(tree) if isinstance(n, ast.ImportFrom))
     assert node.module == "ledger" and node.level == 1
-    assert any(src == "ledger" and dst == "optim" for src, dst, _, _ in _imports())  # a function-level import
+    assert any(src == "tapeview" and dst == "plots" for src, dst, _, _ in _imports())  # a function-level import

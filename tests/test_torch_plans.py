@@ -15,6 +15,7 @@ import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import nn, planner  # noqa: E402
 from tinygrad_ckpt import torch_bridge as tb  # noqa: E402
 from tinygrad_ckpt import torch_plans as tp  # noqa: E402
+from tinygrad_ckpt import torch_saves as ts  # noqa: E402
 
 V, T, B = 64, 32, 4
 MODELS = {
@@ -220,7 +221,7 @@ def test_a_selective_policy_keeps_no_more_than_no_checkpoint(plain, name):
 
 def test_torchs_own_selective_checkpointing_caches_what_backward_never_reads(plain):
     """What the dead cache costs when it is not let go: the same keep-everything decisions through
-    create_selective_checkpoint_contexts (as torch_bridge.run_blocks runs TorchGPT's policies, its cache counted by
+    create_selective_checkpoint_contexts (as torch_saves.run_blocks runs TorchGPT's policies, its cache counted by
     the bridge's observer) keep more than no checkpoint: why _PolicyCache lets them go."""
     from torch.utils.checkpoint import checkpoint
 
@@ -230,7 +231,7 @@ def test_torchs_own_selective_checkpointing_caches_what_backward_never_reads(pla
     keep_all = as_policy(lambda op, name: True)
     blocks = list(model.transformer.h)
     for block in blocks:
-        block.forward = (lambda f: lambda x: checkpoint(tb._Region(f), x, use_reentrant=False, context_fn=lambda:
+        block.forward = (lambda f: lambda x: checkpoint(ts._Region(f), x, use_reentrant=False, context_fn=lambda:
                          tb.selective_contexts(keep_all)))(block.forward)
     try:
         theirs = tp.measure(model, step).peak

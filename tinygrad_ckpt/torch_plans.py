@@ -51,7 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_leaves, tree_unflatten
 
 from . import planner
-from . import torch_bridge as tb
+from . import torch_saves as ts
 from .planner import LayerCost, Plan
 from .policies import Policy, as_policy
 
@@ -94,7 +94,7 @@ def _submodule(model: torch.nn.Module, path: str):
 
 # ---- scope names: module paths ----------------------------------------------------------------------------
 class ModuleScopes:
-    """Forward hooks on every module of `model` that keep torch_bridge's scope stack at the running module's path
+    """Forward hooks on every module of `model` that keep torch_saves' scope stack at the running module's path
     ("transformer.h.3.attn"), in forward and in a checkpoint's replay: what SavedBytes records and policies are
     asked with. The pre-hook runs before any other (tensor parallelism's input redistribution happens in scope)."""
 
@@ -106,11 +106,11 @@ class ModuleScopes:
                 continue
             self.modules[path] = module
             self.handles.append(module.register_forward_pre_hook(
-                lambda m, a, path=path: tb._SCOPE.append(path) and None, prepend=True))
+                lambda m, a, path=path: ts._SCOPE.append(path) and None, prepend=True))
             self.handles.append(module.register_forward_hook(lambda m, a, o: _pop_scope(), always_call=True))
 
     def current(self) -> tuple[str, torch.nn.Module | None]:
-        scope = tb._current_scope()
+        scope = ts._current_scope()
         return scope, self.modules.get(scope)
 
     def remove(self) -> None:
@@ -120,13 +120,13 @@ class ModuleScopes:
 
 
 def _pop_scope() -> None:
-    if tb._SCOPE:
-        tb._SCOPE.pop()
+    if ts._SCOPE:
+        ts._SCOPE.pop()
 
 
 @contextlib.contextmanager
 def _scope(name: str):
-    tb._SCOPE.append(name)
+    ts._SCOPE.append(name)
     try:
         yield
     finally:
@@ -167,13 +167,13 @@ def op_kind(func, module: torch.nn.Module | None) -> str:
     """The engine's op kind of aten op `func` run directly in `module`: "reshape" for a view, "linear" for a matrix
     product in a Linear (or Hugging Face's Conv1D), "dropout" for anything in a Dropout, the norm's kind for the ops
     of a LayerNorm or RMSNorm written by hand, "chunked_attention" for a fused attention kernel (flash, efficient,
-    cuDNN), torch_bridge's names for the rest ("masked_fill", "add", ...), else the aten name."""
+    cuDNN), torch_saves' names for the rest ("masked_fill", "add", ...), else the aten name."""
     cls = type(module).__name__ if module is not None else ""
-    if _is_alias(func) or func in tb._VIEW_KINDS:
+    if _is_alias(func) or func in ts._VIEW_KINDS:
         return "reshape"
     if isinstance(module, torch.nn.Dropout):
         return "dropout"
-    kind = _KINDS.get(func) or tb._KINDS.get(func) or func.overloadpacket.__name__.rstrip("_")
+    kind = _KINDS.get(func) or ts._KINDS.get(func) or func.overloadpacket.__name__.rstrip("_")
     if kind == "matmul" and (isinstance(module, torch.nn.Linear) or cls == "Conv1D"):
         return "linear"
     for suffix, norm in _NORMS.items():
@@ -301,7 +301,7 @@ class _PlannedForward:
         return out
 
 
-class _PlannedRegion(tb._Region):
+class _PlannedRegion(ts._Region):
     """One checkpointed segment: its blocks run with their own forwards; under a policy, selectively."""
 
     def __init__(self, chunk, applied: AppliedPlan):
@@ -392,7 +392,7 @@ class _StandIn:
 
     @classmethod
     def of(cls, t: torch.Tensor) -> _StandIn:
-        local = tb._local(t)
+        local = ts._local(t)
         dt = (t.device_mesh, t.placements, t.shape, t.stride()) if local is not t else None
         return cls(tuple(local.size()), local.stride(), local.dtype, local.device, dt)
 
@@ -401,7 +401,7 @@ class _StandIn:
         if self.dtensor is None:
             return t
         mesh, placements, shape, stride = self.dtensor
-        return tb.DTensor.from_local(t, mesh, placements, run_check=False, shape=shape, stride=stride)
+        return ts.DTensor.from_local(t, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
 @dataclass
@@ -427,7 +427,7 @@ class _PolicyCache:
         self.read: set[int] = set()  # of those, the ones recomputed ops read or autograd keeps
         self.kept = self.recomputed = 0  # ops the policy kept / sent to the replay
         self.handed: list = []  # meter keys of what the replay running now was served
-        self.meter = tb.SavedBytes.active
+        self.meter = ts.SavedBytes.active
         if self.meter is not None:  # what the cache still holds when the region goes (a replay stopped early)
             weakref.finalize(self, _release_entries, self.meter, self.entries)
 
@@ -446,7 +446,7 @@ class _PolicyCache:
         leaves, spec = tree_flatten(out)
         leaves = [t.detach() if isinstance(t, torch.Tensor) else t for t in leaves]
         versions = [t._version for t in leaves if isinstance(t, torch.Tensor)]
-        self.entries[key] = _Entry(spec, leaves, inputs & self.cached, versions, tb._current_scope(), [])
+        self.entries[key] = _Entry(spec, leaves, inputs & self.cached, versions, ts._current_scope(), [])
         self.cached.update(_storage(t) for t in leaves if isinstance(t, torch.Tensor))
 
     def reads(self, storages) -> None:
@@ -576,9 +576,9 @@ class _ServeOps(TorchDispatchMode):
 # ---- measuring ----------------------------------------------------------------------------------------------
 @dataclass
 class TorchSaves:
-    """What one PyTorch forward + backward kept for backward (torch_bridge.SavedBytes), per module and layer."""
+    """What one PyTorch forward + backward kept for backward (torch_saves.SavedBytes), per module and layer."""
 
-    meter: tb.SavedBytes
+    meter: ts.SavedBytes
     loss: float
     seconds: float
 
@@ -600,12 +600,12 @@ class TorchSaves:
 def _storage(t: torch.Tensor) -> int:
     """The address of the storage that holds t's data here (a wrapper's inside; -id(t) for one with none)."""
     try:
-        return tb._local(t).untyped_storage().data_ptr()
+        return ts._local(t).untyped_storage().data_ptr()
     except RuntimeError:  # a tensor subclass with no storage of its own
         return -id(t)
 
 
-def _exclusion_hooks(model: torch.nn.Module, meter: tb.SavedBytes) -> list:
+def _exclusion_hooks(model: torch.nn.Module, meter: ts.SavedBytes) -> list:
     """Keep the storages of the parameters a module runs with out of the count while it runs: parameters that exist
     only then (FSDP's all-gathered ones, swapped in by its pre-forward hook, which runs before these) included."""
     handles = []
@@ -637,7 +637,7 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
     torch.manual_seed(seed)
     gc.collect()
     gc.disable()  # slots are let go when autograd drops them, not at the collector's whim
-    meter = tb.SavedBytes(exclude=params)
+    meter = ts.SavedBytes(exclude=params)
     handles = _exclusion_hooks(model, meter)
     try:
         t0 = time.perf_counter()
@@ -652,7 +652,7 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
             h.remove()
         if scopes is not None:
             scopes.remove()
-        tb._SCOPE.clear()
+        ts._SCOPE.clear()
     return TorchSaves(meter, float(loss.detach().float().sum()), seconds)
 
 
@@ -694,7 +694,7 @@ def plan_for_budget(model: torch.nn.Module, budget: int, step, blocks: str | Non
 def _saves(x, by: str) -> dict:
     if isinstance(x, dict):
         return x
-    if isinstance(x, TorchSaves | tb.SavedBytes):
+    if isinstance(x, TorchSaves | ts.SavedBytes):
         return x.by_layer() if by == "layer" else x.by_module()
     return x.saved_breakdown(by=by)  # an engine Ledger
 
