@@ -161,9 +161,9 @@ def _factory(path: str):
 
 
 def _local_bytes(t) -> int:
-    from . import torch_bridge as tb
+    from . import torch_saves as ts
 
-    local = tb._local(t)
+    local = ts._local(t)
     return local.numel() * local.element_size()
 
 
@@ -296,7 +296,7 @@ def main(argv=None) -> int:
     list of ranks per spec) to --out."""
     import torch.distributed as dist
 
-    from . import torch_bridge as tb
+    from . import torch_saves as ts
 
     parser = argparse.ArgumentParser(description="the ranks of a tinygrad_ckpt.torch_dist run")
     parser.add_argument("--specs", required=True, help="a JSON list of Spec.to_json() objects")
@@ -306,7 +306,7 @@ def main(argv=None) -> int:
     every = []
     for text in json.loads(args.specs):
         result = run_rank(Spec.from_json(text))
-        tb._SCOPE.clear()
+        ts._SCOPE.clear()
         results = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(result, results, dst=0)
         every.append(results)
@@ -365,20 +365,13 @@ def estimate(spec: Spec, world: int, saves: str = "engine") -> dict:
     estimate --tensor-parallel t [--sequence-parallel] [--zero 3 --data-parallel d]`; a steady AdamW step, ZeRO
     applied by zero_view): parameters, parameter gradients (live when the optimizer step starts), optimizer states,
     saved bytes per layer (saved_breakdown) and the peak of saved bytes. `saves`: what the framework saves, the
-    estimate's --saves (engine: this engine's ops; pytorch: as PyTorch's autograd saves, once the engine has it)."""
+    estimate's --saves (engine: this engine's ops; pytorch: as PyTorch's autograd saves, tg.saves_like)."""
     import tinygrad_ckpt as tg
 
     from .measure import ParallelStep
 
     par = parallelism(spec, world)
-    if saves == "engine":
-        step = ParallelStep(spec.shape, par, "adamw")
-    else:
-        try:
-            step = ParallelStep(spec.shape, par, "adamw", saves=saves)
-        except TypeError:
-            raise NotImplementedError(f"estimate(saves={saves!r}): this engine's ParallelStep has no saves profile "
-                                      "yet (issue 30); compare with saves='engine' and its named terms") from None
+    step = ParallelStep(spec.shape, par, "adamw", saves=saves)
     led, _ = step.measure(getattr(tg, spec.policy) if spec.policy else spec.plan)
     tl = led.timeline()
     first_optimizer = int((tl["phase"] == "optimizer").argmax())
@@ -417,7 +410,8 @@ class Row:
 def terms(spec: Spec, world: int, saves: str = "engine") -> dict:
     """The named differences between PyTorch's saves and the engine's for this run, in bytes, from the shapes:
     {name: (bytes, why)}. Each is counted in compare() where PyTorch's saves it describes are held. Against an
-    estimate with saves="pytorch" the engine saves as PyTorch does: the layer norm's and the loss's terms are 0."""
+    estimate with saves="pytorch" the engine's layer norms save as PyTorch's do: their terms are 0 (its
+    cross-entropy keeps what it keeps under every profile, so that term stays)."""
     s = spec.shape
     t = world if spec.parallel == "tp" else 1
     w = 4 if s.dtype == "float32" else 2
@@ -443,7 +437,7 @@ def terms(spec: Spec, world: int, saves: str = "engine") -> dict:
         "fsdp_ln_f": (2 * d * w, "ln_f's gradients land before the blocks' and wait for the root's reduce-scatter"),
     }
     if same:
-        out.update({k: (0, why) for k, (_, why) in out.items() if k.startswith("layer_norm") or k == "cross_entropy"})
+        out.update({k: (0, why) for k, (_, why) in out.items() if k.startswith("layer_norm")})
     return out
 
 
