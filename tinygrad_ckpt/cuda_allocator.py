@@ -622,6 +622,54 @@ def _segment_entry(seg: Segment, blocks: list) -> dict:
                         "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in blocks]}
 
 
+class Placement:
+    """A ledger's buffers placed by a CachingAllocator as the engine takes and frees them (what
+    `Ledger(allocator="pytorch-cuda")` runs, and `simulate` replays): a buffer's first event is a malloc of its
+    nbytes, its real release a free. Keeps where each buffer was placed, the reserved bytes after every event
+    (`after_event`, one per event the ledger emits) and the segment events (memory_viz's segment_alloc / free /
+    map / unmap and oom, each with the seq of the event it came with). A malloc that runs out of memory places
+    nothing and is kept in `oom` (the AllocatorOutOfMemory) for the caller to raise where it can."""
+
+    SEGMENT_ACTIONS = ("segment_alloc", "segment_free", "segment_map", "segment_unmap", "oom")
+
+    def __init__(self, settings: Settings | str | None = None, capacity_bytes: int | None = None):
+        self.allocator = CachingAllocator(settings, capacity_bytes)
+        self.blocks: dict[int, Block] = {}  # buffer id -> its block, while held
+        self.addresses: dict[int, int] = {}  # buffer id -> its block's address (every buffer placed)
+        self.after_event: list[int] = []  # reserved bytes after each event
+        self.segment_events: list[tuple[int, dict]] = []  # (seq, memory_viz trace entry)
+        self.oom: AllocatorOutOfMemory | None = None
+
+    def malloc(self, buffer: int, nbytes: int, seq: int) -> None:
+        """The engine holds a new buffer of `nbytes` (0 B take no memory: PyTorch allocates nothing for them)."""
+        if nbytes <= 0 or buffer in self.blocks:
+            return
+        try:
+            block = self.blocks[buffer] = self.allocator.malloc(int(nbytes))
+            self.addresses[buffer] = block.address
+        except AllocatorOutOfMemory as error:
+            self.oom = error
+        self._keep_segment_events(seq)
+
+    def free(self, buffer: int, seq: int) -> None:
+        """The buffer's memory is released (nothing happens for one never placed)."""
+        block = self.blocks.pop(buffer, None)
+        if block is not None:
+            self.allocator.free(block)
+            self._keep_segment_events(seq)
+
+    def _keep_segment_events(self, seq: int) -> None:
+        history = self.allocator.history  # alloc and free entries are the ledger's own events: not kept twice
+        self.segment_events += [(seq, e) for e in history if e["action"] in self.SEGMENT_ACTIONS]
+        history.clear()
+
+    def drop(self, events: int, first_seq: int) -> None:
+        """Forget the reserved bytes of the first `events` events and the segment events before `first_seq`
+        (a bounded ledger's oldest iteration)."""
+        del self.after_event[:events]
+        self.segment_events = [(q, e) for q, e in self.segment_events if q >= first_seq]
+
+
 @dataclass
 class Trace:
     """A ledger's events replayed through the allocator: bytes reserved, allocated (blocks, rounded) and
@@ -646,27 +694,23 @@ class Trace:
 
 def simulate(events, settings: Settings | str | None = None, capacity_bytes: int | None = None) -> Trace:
     """Replay a ledger's events (records with seq, action, nbytes, buffer; from_category if they have one)
-    through a CachingAllocator: a buffer's first event ("existing" or "allocated", not a move from another
-    category) is a malloc of its nbytes, its "released" a free; other actions move a buffer between
-    categories and change nothing here. 0-byte buffers take no memory (PyTorch allocates nothing for them)."""
-    alloc = CachingAllocator(settings, capacity_bytes)
-    live, addresses, rows, oom = {}, {}, [], None
+    through a Placement: a buffer's first event ("existing" or "allocated", not a move from another category)
+    is a malloc of its nbytes, its "released" a free; other actions move a buffer between categories and
+    change nothing here."""
+    placed, rows, oom = Placement(settings, capacity_bytes), [], None
+    alloc = placed.allocator
     for index, ev in enumerate(events):
-        if ev.buffer >= 0 and ev.nbytes > 0:
-            if ev.action in ("existing", "allocated") and not getattr(ev, "from_category", "") \
-                    and ev.buffer not in live:
-                try:
-                    block = live[ev.buffer] = alloc.malloc(int(ev.nbytes))
-                except AllocatorOutOfMemory as error:
+        if ev.buffer >= 0:
+            if ev.action in ("existing", "allocated") and not getattr(ev, "from_category", ""):
+                placed.malloc(ev.buffer, ev.nbytes, ev.seq)
+                if placed.oom is not None:
                     oom = {"event": index, "seq": ev.seq, "name": ev.name, "nbytes": ev.nbytes,
-                           "reserved": alloc.reserved, "allocated": alloc.allocated, "message": str(error)}
+                           "reserved": alloc.reserved, "allocated": alloc.allocated, "message": str(placed.oom)}
                     break
-                addresses[ev.buffer] = block.address
-            elif ev.action == "released" and ev.buffer in live:
-                alloc.free(live.pop(ev.buffer))
+            elif ev.action == "released":
+                placed.free(ev.buffer, ev.seq)
         rows.append((alloc.reserved, alloc.allocated, alloc.requested))
     table = np.array(rows, dtype=np.int64).reshape(-1, 3)
     return Trace(reserved=table[:, 0], allocated=table[:, 1], requested=table[:, 2],
                  peak_reserved=alloc.peak_reserved, peak_allocated=alloc.peak_allocated,
-                 segments=alloc.snapshot(), addresses=addresses, allocator=alloc, oom=oom)
-
+                 segments=alloc.snapshot(), addresses=placed.addresses, allocator=alloc, oom=oom)

@@ -15,6 +15,8 @@ most live bytes, so the peak is never lost however many events there are.
 
 This module sits below the ledger: it turns a ledger's plain data (its events, op slices, lifetimes,
 timeline and backward passes) into that JSON and writes the page, and knows nothing of the Ledger class.
+A ledger made with allocator="pytorch-cuda" adds its timeline's "reserved": a red line over the stack, the
+bytes PyTorch's caching allocator would hold in segments.
 """
 
 from __future__ import annotations
@@ -111,6 +113,10 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
         "held_peak": int(held.max()) if len(held) else 0,  # untouched included: the top of what is drawn
         "untouched": int(untouched.max()) if len(untouched) else 0,  # held before the ledger, never used
     }
+    if "reserved" in timeline:  # Ledger(allocator=...): what PyTorch's caching allocator would reserve
+        reserved = np.asarray(timeline["reserved"])[keep]
+        data["reserved"] = np.diff(reserved, prepend=0).tolist()
+        data["reserved_peak"] = int(reserved.max()) if len(reserved) else 0
     data["names"] = strings.table()
     data["layers"] = [strings.layers.get(i, "") for i in range(len(data["names"]))]
     return data

@@ -78,7 +78,7 @@ def write_jsonl(led, path) -> None:
 
 def memory_viz(led, path=None) -> dict:
     """PyTorch's memory snapshot of the ledger's events (memory_viz.py), pickled (protocol 4) to `path` if given."""
-    snap = viz.snapshot(led.events)
+    snap = viz.snapshot(led.events, getattr(led, "placement", None))
     if path is not None:
         viz.write(snap, check_path("to_memory_viz", path))
     return snap

@@ -48,7 +48,7 @@ import weakref
 
 import numpy as np
 
-from . import backend, exports, state
+from . import backend, cuda_allocator, exports, state
 from .checks import number, one_of
 from .events import (  # noqa: F401  (Event: ledger.Event, as before)
     CATEGORIES,
@@ -110,11 +110,29 @@ class Ledger(Observer):
     tracemalloc's NumPy bytes at every op boundary (slow); keep_iterations: keep the events, op slices and
     lifetimes of the last N training iterations only (an iteration begins with the first forward op after a
     backward or optimizer phase), and a summary of each older one (`iterations()`). Peaks, FLOPs and summary()
-    cover the whole run either way."""
+    cover the whole run either way. allocator="pytorch-cuda": also place every buffer, as the engine takes and
+    frees it, with PyTorch's CUDA caching allocator simulated (cuda_allocator.Placement; `alloc_conf` in
+    PYTORCH_CUDA_ALLOC_CONF's syntax): the reserved bytes join the summary, timeline()["reserved"], the explorer
+    and the memory_viz export (its segments and addresses), and a capacity is then also the device's, checked as
+    cudaMalloc would (OutOfMemoryError when a segment cannot be had)."""
+
+    ALLOCATORS = ("pytorch-cuda",)
 
     def __init__(self, capacity_bytes: int | str | None = None, trace_numpy: bool = False,
-                 keep_iterations: int | None = None):
+                 keep_iterations: int | None = None, allocator: str | None = None, alloc_conf: str = ""):
         self.capacity_bytes = capacity_bytes  # validated by the property below
+        if allocator is not None and allocator not in self.ALLOCATORS:
+            raise ValueError(f"Ledger: allocator must be None or one of {self.ALLOCATORS} (PyTorch's CUDA caching "
+                             f"allocator, simulated), got {allocator!r}")
+        if not isinstance(alloc_conf, str):
+            raise TypeError(f"Ledger: alloc_conf must be a string in PYTORCH_CUDA_ALLOC_CONF's syntax, such as "
+                            f"'expandable_segments:True', got {alloc_conf!r}")
+        if alloc_conf and allocator is None:
+            raise ValueError(f"Ledger: alloc_conf={alloc_conf!r} configures an allocator: pass "
+                             "allocator='pytorch-cuda' as well")
+        self.allocator, self.alloc_conf = allocator, alloc_conf
+        # where PyTorch's allocator would place each buffer (None: no allocator); settings checked here
+        self.placement = cuda_allocator.Placement(alloc_conf or None, self._capacity) if allocator else None
         if not isinstance(trace_numpy, (bool, np.bool_)):
             raise TypeError(f"Ledger: trace_numpy must be True or False, got {trace_numpy!r}")
         if keep_iterations is not None:
@@ -186,6 +204,8 @@ class Ledger(Observer):
                 raise ValueError(f"Ledger: capacity_bytes must be {wanted} (None for no limit), got {value!r}")
             value = int(size)
         self._capacity = value
+        if getattr(self, "placement", None) is not None:  # the simulated device's capacity too
+            self.placement.allocator.capacity = value
 
     def __enter__(self) -> Ledger:
         if self._entered:
@@ -287,6 +307,8 @@ class Ledger(Observer):
         log.buffer.append(buffer)
         log.code.append(origin << 16 | (from_category + 1) << 12 | category << 8
                         | (self._phase if phase is None else phase) << 4 | action)
+        if self.placement is not None:
+            self.placement.after_event.append(self.placement.allocator.reserved)
         self.seq += 1
 
     def _add(self, category: int, nbytes: int) -> None:
@@ -335,6 +357,8 @@ class Ledger(Observer):
             self._allocated[category] += buf.nbytes
             self._real[0] += buf.nbytes
             self._add(category, buf.nbytes)
+            if self.placement is not None:
+                self.placement.malloc(buf.id, buf.nbytes, self.seq)
             self._emit(action, buf.nbytes, category, origin, buf.id)
             return buf
         if buf.existing is not None:
@@ -402,6 +426,8 @@ class Ledger(Observer):
         self._total -= buf.nbytes
         self._freed[buf.category] += buf.nbytes
         self._real[1] += buf.nbytes
+        if self.placement is not None:
+            self.placement.free(buf.id, self.seq)
         self._emit(RELEASED, buf.nbytes, buf.category, buf.origin, buf.id)
         if buf.life >= 0:
             self._lives.released[buf.life] = self.step
@@ -531,6 +557,12 @@ class Ledger(Observer):
         self._check_capacity(origin, self._total - live_at_start)
 
     def _check_capacity(self, origin: int, request: int) -> None:
+        if self.placement is not None and self.placement.oom is not None:
+            error, self.placement.oom = self.placement.oom, None
+            raise OutOfMemoryError(
+                f"out of memory in '{self.events.origins[origin].name}' ({self.current_phase}): PyTorch's caching "
+                f"allocator (simulated) could not get a segment: {error} Try activation checkpointing, a smaller "
+                "batch or sequence, alloc_conf='expandable_segments:True', or a larger capacity.")
         total = self._total
         if self.capacity_bytes is None or total <= self.capacity_bytes:
             return
@@ -580,6 +612,8 @@ class Ledger(Observer):
         old = self._iterations[self._iterations.first_kept]
         self._iterations.first_kept += 1
         self.events.drop(old.events, old.ops)
+        if self.placement is not None:
+            self.placement.drop(old.events, self.events.first)
         self._base_live = list(old.live.values())
         self._base_flops += sum(old.flops.values())
         end = old.first_step + old.ops  # the next iteration's first op is step end + 1; its saves are made at end
@@ -633,7 +667,8 @@ class Ledger(Observer):
         """Equal-length NumPy arrays, one entry per event kept: seq, step, cumulative flops, phase, time, the
         live bytes of each category after the event, and their total, "untouched" included (what the process
         holds; total - untouched is what the run used, whose highest is peak_bytes()); exact in a bounded ledger
-        too: counted from the bytes held before its first kept event."""
+        too: counted from the bytes held before its first kept event. With an allocator, "reserved": the bytes
+        PyTorch's caching allocator would hold in segments after each event (>= what the buffers take)."""
         col = self.events.columns()
         action, cat, src, nbytes = col["action"], col["category"], col["from_category"], col["nbytes"]
         allocates = ((action == EXISTING) | (action == ALLOCATED)) & (src < 0)
@@ -651,6 +686,8 @@ class Ledger(Observer):
         out["total"] = total
         out["phase"] = np.array(PHASES, dtype=object)[col["phase"]]
         out["time"] = col["time"]
+        if self.placement is not None:  # what PyTorch's allocator would have reserved (Ledger(allocator=...))
+            out["reserved"] = np.array(self.placement.after_event, dtype=np.int64)
         return out
 
     def _op_columns(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -760,12 +797,22 @@ class Ledger(Observer):
                         *self._real))
         rows.append("")
         rows.append(self._untouched_line())
+        if self.placement is not None:
+            rows.append(self._reserved_line())
         rows.append("FLOPs  " + "  ".join(f"{p} {self.flops_by_phase[p]:.3e}" for p in PHASES))
         rows.append(f"events {self.seq}  ops {self.step}  steps {self.step}")
         if self.keep_iterations is not None:
             rows.append(f"kept: the events of the last {self.keep_iterations} training iteration(s) of "
                         f"{len(self._iterations) + 1}, {len(self.events)} events")
         return "\n".join(rows)
+
+    def _reserved_line(self) -> str:
+        alloc = self.placement.allocator
+        conf = f", {self.alloc_conf}" if self.alloc_conf else ""
+        return (f"reserved (PyTorch's CUDA caching allocator, simulated{conf}): current "
+                f"{format_bytes(alloc.reserved, digits=2)}, peak {format_bytes(alloc.peak_reserved, digits=2)}; "
+                f"in blocks {format_bytes(alloc.allocated, digits=2)}, peak "
+                f"{format_bytes(alloc.peak_allocated, digits=2)}; {len(alloc.snapshot())} segment(s)")
 
     def _untouched_line(self) -> str:
         """One line on the bytes held before the ledger started that the recorded code never used."""

@@ -16,6 +16,10 @@ sizes are exact. A buffer's frames are its history, one per role it played, as m
 `category:op step:scoped name (action, phase)`, e.g. `activation:14:transformer.h.0.mlp.gelu:x (saved, forward)`.
 Its `category`, which memory_viz colors by, is the one it held longest. Empty (0-byte) buffers are left
 out, and so are the buffers a bounded ledger (keep_iterations) saw allocated before the events it kept.
+A ledger made with allocator="pytorch-cuda" has placed every buffer as PyTorch's caching allocator would
+(cuda_allocator.Placement): its addresses are used instead, its segment_alloc / segment_free / map / unmap
+events come in the trace where they happened, and the segments at the end are the allocator's, with their
+real sizes and the cached (inactive) blocks between the live ones.
 Written with pickle protocol 4: memory_viz's JavaScript unpickler refuses 5.
 """
 
@@ -24,9 +28,10 @@ from __future__ import annotations
 import bisect
 import pickle
 
+from .cuda_allocator import BASE_ADDRESS  # well below 2**53: memory_viz reads addresses as JavaScript numbers
+
 PROTOCOL = 4
 ALIGNMENT = 512
-BASE_ADDRESS = 0x7000_0000_0000  # well below 2**53: memory_viz reads addresses as JavaScript numbers
 
 
 def _reserved(nbytes: int) -> int:
@@ -85,14 +90,23 @@ def _us(ev) -> int:
     return int(ev.time * 1e6)
 
 
-def snapshot(events) -> dict:
-    """The memory_viz snapshot of a ledger's events (records with the fields of ledger.Event)."""
+def snapshot(events, placement=None) -> dict:
+    """The memory_viz snapshot of a ledger's events (records with the fields of ledger.Event); `placement`: the
+    ledger's cuda_allocator.Placement, if it has one (real segments and addresses)."""
     space, trace, held = FirstFit(), [], {}
+    segment_events = iter(placement.segment_events if placement is not None else ())
+    pending = next(segment_events, None)
     for index, ev in enumerate(events):
+        while pending is not None and pending[0] <= ev.seq:  # the segment the allocator got for this buffer
+            trace.append(pending[1] | {"frames": [], "category": "unknown", "time_us": _us(ev)})
+            pending = next(segment_events, None)
         if ev.buffer < 0 or (ev.nbytes == 0 and ev.buffer not in held):
             continue  # an op marker, or an empty buffer
         if ev.allocates:
-            buf = held[ev.buffer] = _Held(ev, space.alloc(ev.nbytes), index)
+            if placement is not None and ev.buffer not in placement.addresses:
+                continue  # the allocator ran out of memory for it
+            offset = placement.addresses[ev.buffer] - BASE_ADDRESS if placement is not None else space.alloc(ev.nbytes)
+            buf = held[ev.buffer] = _Held(ev, offset, index)
             trace.append(buf.alloc)
         elif ev.action == "released":
             buf = held.pop(ev.buffer, None)
@@ -100,7 +114,8 @@ def snapshot(events) -> dict:
                 continue
             buf.frames.append(_frame(ev))
             buf.become(ev.category, index)
-            space.free(buf.offset, buf.nbytes)
+            if placement is None:
+                space.free(buf.offset, buf.nbytes)
             for action in ("free_requested", "free_completed"):
                 trace.append({"action": action, "addr": buf.alloc["addr"], "size": buf.nbytes, "stream": 0,
                               "frames": buf.frames, "category": buf.alloc["category"], "time_us": _us(ev)})
@@ -114,7 +129,21 @@ def snapshot(events) -> dict:
     # the marker of the moment the snapshot was taken carries it.
     trace.append({"action": "snapshot", "addr": 0, "size": 0, "stream": 0, "frames": [], "category": "unknown",
                   "time_us": _us(events[-1]) if len(events) else 0})
-    return {"segments": _segments(space.top, sorted(held.values(), key=lambda b: b.offset)), "device_traces": [trace]}
+    live = sorted(held.values(), key=lambda b: b.offset)
+    if placement is not None:
+        return {"segments": _allocator_segments(placement, live), "device_traces": [trace]}
+    return {"segments": _segments(space.top, live), "device_traces": [trace]}
+
+
+def _allocator_segments(placement, live: list) -> list:
+    """The allocator's segments at the end, each live block with its buffer's frames."""
+    frames = {BASE_ADDRESS + buf.offset: buf.frames for buf in live}
+    segments = placement.allocator.snapshot()
+    for seg in segments:
+        for block in seg["blocks"]:
+            if block["state"] == "active_allocated":
+                block["frames"] = frames.get(block["address"], [])
+    return segments
 
 
 def _segments(size: int, live: list) -> list:
