@@ -17,6 +17,13 @@ Solves"): for a 7B model (32 layers, d=4096, T=2048, B=4, float16), "64 GB just 
 activations", 14 GB of parameters and 56 GB of Adam states: it "simply cannot fit in a single 80 GB
 A100" without intervention. Measured here, at that size, on the shape-only backend.
 
+Which run these numbers describe: this engine's own step, as `tinygrad-ckpt estimate` takes it by default:
+float16 weights, activations and gradients throughout (no autocast, no float32 master copy), AdamW's m and v
+in float32, explicit attention (the [B, H, T, T] weights kept), this engine's saves (a layer norm keeps its
+output and 1/std, dropout a 1-bit mask), and allocated bytes (no caching allocator's reserve). Lesson 14 takes
+a model of this size as PyTorch AMP with flash attention and as Megatron run it, with the allocator and the
+device's real capacity.
+
 Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/measure.py (SteadyStep: the one
 measured training step, also behind `tinygrad-ckpt estimate`), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
 the same measurement as a command), tinygrad_ckpt/estimate.py (seed_activation_example,
@@ -338,6 +345,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
           f"{d // H}) and a\nvocabulary of {VOCAB:,} (LLaMA-7B's, whose width and depth these are). The model is "
           "nanoGPT's (learned positions,\n4d GELU MLP, tied lm_head), built on the meta backend: shapes and dtypes, "
           "no data, an exact ledger.")
+    print("The run measured is this engine's own: float16 throughout (no autocast, no float32 master weights), "
+          "float32 AdamW states,\nexplicit attention, this engine's saves, allocated bytes (lesson 14: the same "
+          "kind of model as PyTorch AMP and Megatron run it).")
 
     # ---- 1. the seed's arithmetic
     C.heading("1. The seed's activation arithmetic")

@@ -19,6 +19,12 @@ For each, the ledger's per-device parameters, gradients, AdamW states (float32, 
 total peak, with a fits / does-not-fit verdict at 80 GB; one layer's saves against Table 2, term by term; and,
 since at the seed's batch of 4 every plan fits, the largest batch each plan fits into 80 GB per device.
 
+Which run these numbers describe: one device of a Megatron-style split, as this engine runs it: float16
+weights, activations and gradients (no autocast, no float32 master copy or main gradients), AdamW's m and v in
+float32, explicit attention, this engine's saves (set beside the paper's term by term), allocated bytes (no
+allocator reserve, no communication buffers). `tinygrad-ckpt estimate --precision mixed-bf16 --attention flash
+--saves megatron` takes the same split as Megatron runs it (lesson 14).
+
 Read: tinygrad_ckpt/parallel.py (the sharded modules and the collectives as one device sees them),
 tinygrad_ckpt/measure.py (ParallelStep), tinygrad_ckpt/estimate.py (korthikanti_parallel_terms),
 tinygrad_ckpt/report.py (compare_layer; `tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel`).
@@ -64,7 +70,10 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     C.claim(__doc__)
     print(f"The seed's model: {L} layers{' (--quick: 4 of 32)' if quick else ''}, d = {h}, {a} heads, T = {s}, "
           f"B = {b}, float16, dropout {shape.dropout} (the paper assumes dropout), AdamW with float32 m and v;\n"
-          f"on 8 GPUs with {T_PARALLEL}-way tensor parallelism, measured for one device on the meta backend.")
+          f"on 8 GPUs with {T_PARALLEL}-way tensor parallelism, measured for one device on the meta backend.\n"
+          "The run is this engine's own: float16 throughout (no float32 master weights or main gradients), explicit "
+          "attention, this\nengine's saves, allocated bytes (`estimate --precision mixed-bf16 --attention flash "
+          "--saves megatron` for Megatron's).")
 
     C.heading("1. Each plan, per device")
     runs, rows = {}, []

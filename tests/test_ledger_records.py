@@ -100,6 +100,7 @@ FORBIDDEN = [
 ALLOWED = {  # file -> patterns it may use, and why
     "tinygrad_ckpt/events.py": {r"""\blayer_of\("""},  # defines it
     "tinygrad_ckpt/ledger.py": {r"""\blayer_of\("""},  # calls it once per origin, from a path
+    "tinygrad_ckpt/torch_saves.py": {r"""\blayer_of\("""},  # the layer of a PyTorch module's path, as the ledger's
 }
 
 

@@ -149,7 +149,7 @@ def fully_shard_blocks(model, mesh, blocks: str = "transformer.h"):
 
 # ---- one rank -----------------------------------------------------------------------------------------------
 def _factory(path: str):
-    where, name = path.rsplit(":", 1)
+    where, name = path.rsplit(":", 1)  # "file.py:Class" or "module:Class", a Spec's model: not an event name
     if where.endswith(".py"):
         spec = importlib.util.spec_from_file_location(os.path.basename(where)[:-3], where)
         module = importlib.util.module_from_spec(spec)

@@ -307,7 +307,8 @@ class _PlannedRegion(ts._Region):
     def __init__(self, chunk, applied: AppliedPlan):
         super().__init__(chunk)
         self.applied = applied
-        self.cache = _PolicyCache(applied, chunk._name) if applied.policy is not None else None
+        self.cache = (_PolicyCache(applied, chunk._name, applied.names[chunk.segment.start])
+                      if applied.policy is not None else None)
 
     def contexts(self):
         return _KeepOps(self.cache), _ServeOps(self.cache)
@@ -420,8 +421,8 @@ class _Entry:
 class _PolicyCache:
     """Selective checkpointing of one region: {(op, n-th call of it): _Entry}."""
 
-    def __init__(self, applied: AppliedPlan, name: str):
-        self.applied, self.policy, self.name = applied, applied.policy, name
+    def __init__(self, applied: AppliedPlan, name: str, first_block: str):
+        self.applied, self.policy, self.name, self.first_block = applied, applied.policy, name, first_block
         self.entries: dict[tuple, _Entry] = {}
         self.cached: set[int] = set()  # storages of the outputs cached so far (alive: the cache holds them)
         self.read: set[int] = set()  # of those, the ones recomputed ops read or autograd keeps
@@ -507,8 +508,7 @@ class _PolicyCache:
                       f"module path: {', '.join(self._paths())}, ...)", stacklevel=2)
 
     def _paths(self) -> list[str]:
-        first = self.name.split("-")[0]
-        return [p for p in self.applied.scopes.modules if p.startswith(first + ".")][:6]
+        return [p for p in self.applied.scopes.modules if p.startswith(self.first_block + ".")][:6]
 
 
 def _release(meter, keys: list) -> None:
