@@ -3,6 +3,7 @@ leaf gradients kept as PyTorch keeps them, custom Functions checked at the bound
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import Function
@@ -36,7 +37,7 @@ def test_micrograd_scalar_example_backpropagates_into_0d_leaves():
     h = 1e-6
     assert a.grad.item() == pytest.approx((value(-4 + h, 2) - value(-4 - h, 2)) / (2 * h), rel=1e-6)
     assert b.grad.item() == pytest.approx((value(-4, 2 + h) - value(-4, 2 - h)) / (2 * h), rel=1e-6)
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     ta = torch.tensor(-4.0, dtype=torch.float64, requires_grad=True)
     tb = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
     tg_ = _micrograd(ta, tb)

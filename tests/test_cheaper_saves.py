@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from helpers import numeric_grads, rel_err
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
@@ -48,7 +49,7 @@ def test_layer_norm_gradients_with_zero_weights_are_exact(zeros, rng):
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_layer_norm_and_dropout_match_torch(dtype, rng):
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     x, b, g = (rng.standard_normal(s).astype(dtype) for s in ((4, 7, 32), (32,), (4, 7, 32)))
     w = (1 + 0.1 * rng.standard_normal(32)).astype(dtype)
     w[5] = 0.0
@@ -117,7 +118,7 @@ def test_gelu_reads_phi_from_its_output_and_matches_torch(approximate, dtype, rn
     if dtype == np.float64:
         expected = numeric_grads(lambda x: F.gelu(x, approximate=approximate), [x[:40]], g[:40])[0]
         np.testing.assert_allclose(xt.grad[:40], expected, rtol=1e-6, atol=1e-8)
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     tx = torch.tensor(x, requires_grad=True)
     (torch.nn.functional.gelu(tx, approximate=approximate) * torch.from_numpy(g)).sum().backward()
     assert rel_err(xt.grad, tx.grad.numpy()) < (1e-12 if dtype == np.float64 else 2e-6)

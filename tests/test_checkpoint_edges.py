@@ -6,6 +6,7 @@ and against torch.utils.checkpoint when PyTorch is installed."""
 import numpy as np
 import pytest
 from helpers import rel_err
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn
@@ -72,7 +73,7 @@ def test_edge_case_gradients_equal_plain_and_analytic(case):
             np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+@pytest.mark.skipif(torch is None, reason=TORCH_MISSING)
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_edge_case_gradients_match_pytorch_checkpoint(case):
     _, fn, torch_fn, inputs, _ = case

@@ -105,9 +105,11 @@ def test_figures_delegates(monkeypatch):
     monkeypatch.setitem(sys.modules, "tinygrad_ckpt.figures", fake)
     monkeypatch.setattr(tg, "figures", fake, raising=False)
     assert cli.main(["figures", "--quick", "--only", "03", "--out", "x"]) == 0
-    assert calls == [{"quick": True, "only": ["03"], "out": "x"}]
+    assert calls == [{"quick": True, "only": ["03"], "out": "x", "verbose": False}]
     assert cli.main(["figures"]) == 0
-    assert calls[-1] == {"quick": False, "only": None, "out": None}
+    assert calls[-1] == {"quick": False, "only": None, "out": None, "verbose": False}
+    assert cli.main(["figures", "--verbose"]) == 0  # the flag the README names (python -m tinygrad_ckpt.figures too)
+    assert calls[-1]["verbose"] is True
 
 
 def test_figures_out_that_cannot_be_made_is_one_line(tmp_path, capsys):

@@ -15,6 +15,7 @@ import sys
 import numpy as np
 import pytest
 from helpers import train_step
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
@@ -338,7 +339,7 @@ def test_settings_parse_pytorch_alloc_conf():
 
 
 def test_the_snapshot_is_what_torch_memory_viz_reads():
-    mv = pytest.importorskip("torch.cuda._memory_viz", reason="torch is not installed (CI installs torch==2.13.0)")
+    mv = pytest.importorskip("torch.cuda._memory_viz", reason=TORCH_MISSING)
     alloc = CachingAllocator()
     blocks = [alloc.malloc(12 * MiB + 100) for _ in range(4)] + [alloc.malloc(1000)]
     alloc.free(blocks[1])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pathlib
 
 import pytest
+from needs import TORCH_MISSING
 
 from tinygrad_ckpt import estimate as est
 from tinygrad_ckpt import figures
@@ -22,7 +23,7 @@ def _run(stem: str, out: pathlib.Path) -> dict:
 
 
 def test_lesson_11_plans_carry_over_to_pytorch(tmp_path):
-    pytest.importorskip("torch", reason="lesson 11 needs the optional extra torch")
+    pytest.importorskip("torch", reason=f"lesson 11: {TORCH_MISSING}")
     import torch
 
     from tinygrad_ckpt.backend import threads
@@ -81,7 +82,7 @@ def test_lesson_12_per_device_plans_and_table_2(tmp_path):
 
 
 def test_lesson_15_plans_your_own_model(tmp_path):
-    pytest.importorskip("torch", reason="lesson 15 needs the optional extra torch")
+    pytest.importorskip("torch", reason=f"lesson 15: {TORCH_MISSING}")
     r = _run("15_your_own_model", tmp_path)
     assert len(r["figures"]) == 1
     # every layer of the foreign GPT: PyTorch = the ledger + the named layer-norm term, and nothing else

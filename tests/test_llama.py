@@ -11,6 +11,7 @@ import time
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import backend, nn, optim, planner
@@ -137,7 +138,7 @@ def _relative(ours, theirs) -> float:
 def torch_worst(name: str, engine_plan=None, torch_plan=None, attention="explicit") -> float:
     """The worst relative difference, over the logits, the loss and every parameter gradient, between nn.Llama and
     TorchLlama (the same weights) in float64."""
-    torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install -e '.[torch]')")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     from tinygrad_ckpt import torch_bridge as tb
 
     model = make(name, attention=attention, checkpoint=engine_plan)
@@ -169,7 +170,7 @@ def test_chunked_attention_and_a_policy_equal_pytorch():
 
 
 def test_weights_copy_both_ways():
-    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     from tinygrad_ckpt import torch_bridge as tb
 
     model = make("moe", np.float32)
@@ -186,7 +187,7 @@ def test_weights_copy_both_ways():
 
 def test_the_load_balancing_loss_is_mixtrals():
     """E·Σ_e f_e·P_e over every layer's tokens at once, computed from the router logits as Hugging Face does."""
-    torch = pytest.importorskip("torch", reason="torch is an optional extra")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     from tinygrad_ckpt import torch_bridge as tb
 
     model = make("moe")

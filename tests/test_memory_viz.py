@@ -9,11 +9,12 @@ import pickle
 import numpy as np
 import pytest
 from helpers import train_step
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import memory_viz, nn, optim
 
-mv = pytest.importorskip("torch.cuda._memory_viz", reason="torch is not installed (CI installs torch==2.13.0)")
+mv = pytest.importorskip("torch.cuda._memory_viz", reason=TORCH_MISSING)
 
 
 def training_step(checkpoint=None, n_layer=2):

@@ -3,6 +3,7 @@ optimizers with float32 master weights, and half-precision parameters updated in
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
@@ -86,7 +87,7 @@ def _torch_step(torch, model, idx, steps, lr=1e-2):
 def test_an_amp_run_matches_pytorch_cpu_autocast_within_bfloat16_tolerance():
     """Five AdamW steps of the same GPT under autocast in both. PyTorch's CPU autocast runs softmax in bfloat16
     where this engine (PyTorch's CUDA rules) runs it in float32: the difference is bfloat16's rounding."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     model = _gpt()
     expected, torch_grads = _torch_step(torch, model, IDX, 5)
     opt = optim.AdamW(model.parameters(), lr=1e-2)
@@ -150,7 +151,7 @@ def test_adamw_on_half_parameters_updates_in_float32(dtype):
 def test_master_weights_match_a_pytorch_reference():
     """A bfloat16 model with float32 master weights, against the same recipe written in PyTorch (bf16 parameters, a
     float32 copy stepped by torch.optim.AdamW and copied back)."""
-    torch = pytest.importorskip("torch")
+    torch = pytest.importorskip("torch", reason=TORCH_MISSING)
     from tinygrad_ckpt.torch_bridge import TorchGPT
 
     model = _gpt()

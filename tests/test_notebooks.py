@@ -5,6 +5,7 @@ import os
 import pathlib
 
 import pytest
+from needs import TORCH_MISSING
 
 from tinygrad_ckpt import figures, notebooks
 
@@ -45,7 +46,7 @@ def test_notebook_runs_on_quick_sizes(stem, tmp_path):
     nbclient = pytest.importorskip("nbclient", reason="nbclient not installed (pip install -e '.[test]')")
     pytest.importorskip("ipykernel", reason="ipykernel not installed (pip install -e '.[test]')")
     if stem.startswith(("11_", "15_")):  # the lesson only says "skipped" without PyTorch
-        pytest.importorskip("torch", reason=f"lesson {stem[:2]} needs the optional extra torch")
+        pytest.importorskip("torch", reason=f"lesson {stem[:2]}: {TORCH_MISSING}")
     nb = nbformat.reads((notebooks.notebooks_dir() / f"{stem}.ipynb").read_text(), 4)
     params = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
     params.source = f"QUICK = True\nOUT = {str(tmp_path)!r}"

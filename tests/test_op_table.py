@@ -33,6 +33,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
@@ -44,7 +45,7 @@ try:
 except ImportError:  # the torch comparisons skip; central differences and completeness still run
     torch = None
 
-needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+needs_torch = pytest.mark.skipif(torch is None, reason=TORCH_MISSING)
 
 f16, f32, f64, i32, i64, b8 = np.float16, np.float32, np.float64, np.int32, np.int64, np.bool_
 INTS = [(i64,), (b8,)]  # an integer and a bool tensor in a one-input op

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
@@ -230,7 +231,7 @@ def test_x_to_the_0_has_gradient_0_at_0_as_in_pytorch():
     assert y.tape()[0].ctx.saved == {}  # nothing to save for a constant
 
 
-@pytest.mark.skipif(torch is None, reason="PyTorch is not installed")
+@pytest.mark.skipif(torch is None, reason=TORCH_MISSING)
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # 0 ** -1: inf, as in PyTorch
 @pytest.mark.parametrize("p", [0, 1, 2, 3, 0.5, -1, 2.5, -0.5])
 def test_pow_at_the_edges_matches_pytorch(p):

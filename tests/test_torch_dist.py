@@ -6,8 +6,9 @@ estimate (measure.ParallelStep), every difference a named term. One torchrun lau
 from __future__ import annotations
 
 import pytest
+from needs import TORCH_MISSING
 
-pytest.importorskip("torch", reason="torch is an optional extra (pip install -e '.[torch]')")
+pytest.importorskip("torch", reason=TORCH_MISSING)
 
 from tinygrad_ckpt import torch_dist as td  # noqa: E402
 from tinygrad_ckpt.estimate import GPTShape  # noqa: E402

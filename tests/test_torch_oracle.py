@@ -13,11 +13,12 @@ import math
 import numpy as np
 import pytest
 from helpers import rel_err, tiny_batch, tiny_gpt, weighted_loss
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn
 
-torch = pytest.importorskip("torch", reason="PyTorch is not installed")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 tnn = torch.nn
 TF = torch.nn.functional
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
-torch = pytest.importorskip("torch", reason="torch is an optional extra (pip install -e '.[torch]')")
+torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import foreign_models as fm  # noqa: E402
 

@@ -17,10 +17,12 @@ if _state.tune_process and "numpy" not in _sys.modules and "OPENBLAS_THREAD_TIME
 from . import debug, functional, nn, optim
 from .amp import autocast
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
-from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential
+from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential, run_plan
 from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError
+from .measure import block_costs, plan
+from .planner import LayerCost, Plan, plan_chain
 from .policies import Decision, Policy, korthikanti_selective, save_matmuls, save_nothing
 from .state import enable_grad, is_grad_enabled, name_scope, no_grad, saves_like, set_grad_enabled
 from .tape import Tape, TapeEntry
@@ -32,6 +34,7 @@ __all__ = [
     "is_grad_enabled", "name_scope", "increment_version", "manual_seed", "get_rng_state", "set_rng_state",
     "use_backend", "Ledger", "OutOfMemoryError", "checkpoint", "checkpoint_sequential", "CheckpointError", "Policy",
     "Decision", "save_nothing", "save_matmuls", "korthikanti_selective", "detect_anomaly", "debug", "functional",
-    "nn", "optim", "draw_tape", "print_saved", "autocast", "saves_like",
+    "nn", "optim", "draw_tape", "print_saved", "autocast", "saves_like", "plan", "run_plan", "block_costs",
+    "plan_chain", "LayerCost", "Plan",
 ]
 __version__ = "0.1.0"

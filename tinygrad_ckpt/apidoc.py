@@ -4,8 +4,9 @@
 
 What is public: the names `tinygrad_ckpt` exports (its `__all__`), and the functions and classes
 defined in `functional`, `nn`, `optim`, `plots` and `units`, plus the user-facing calls of `debug`.
-A class is listed with its constructor and the public methods and properties it defines (observer
-callbacks, `on_*`, are the engine's, not the user's). A test fails when the page is stale.
+A class is listed with its constructor, its own docstring (not one inherited from its base class), the Python
+operators it defines (`a + b`, `a @ b`, `a[i]`, ..., with the op each records) and the public methods and properties
+it defines (observer callbacks, `on_*`, are the engine's, not the user's). A test fails when the page is stale.
 """
 
 from __future__ import annotations
@@ -59,7 +60,45 @@ def _signature(obj) -> str:
 
 
 def _doc(obj) -> str:
+    """The object's own docstring: for a class, the one it defines (inspect.getdoc would fall back to its base's)."""
+    if inspect.isclass(obj):
+        return inspect.cleandoc(vars(obj).get("__doc__") or "")
     return (inspect.getdoc(obj) or "").strip()
+
+
+# Python's operators as a reader writes them, for the special methods a class defines
+OPERATORS = {
+    "__add__": "a + b", "__radd__": "2 + a", "__sub__": "a - b", "__rsub__": "2 - a", "__mul__": "a * b",
+    "__rmul__": "2 * a", "__truediv__": "a / b", "__rtruediv__": "2 / a", "__neg__": "-a", "__pow__": "a ** 2",
+    "__matmul__": "a @ b", "__rmatmul__": "array @ a", "__getitem__": "a[i]", "__eq__": "a == b", "__ne__": "a != b",
+    "__lt__": "a < b", "__le__": "a <= b", "__gt__": "a > b", "__ge__": "a >= b", "__len__": "len(a)",
+    "__iter__": "iter(a), for x in a", "__bool__": "bool(a), if a:", "__array__": "np.asarray(a)",
+}
+
+
+def _operators(cls) -> list[str]:
+    """A table of the operators `cls` defines, each with the op it records (read from its source) or its doc."""
+    rows = []
+    for name, expression in OPERATORS.items():
+        fn = vars(cls).get(name)
+        if not inspect.isfunction(fn):
+            continue
+        try:
+            source = inspect.getsource(fn)
+        except OSError:  # written by @dataclass (its __eq__): not an operator of the class's own
+            continue
+        called = re.search(r"ops\.(\w+)\((\"\w+\")?", source)
+        if called:
+            what = f"the op `{called.group(1)}`" + (f" ({called.group(2)})" if called.group(2) else "")
+        else:
+            what = _doc(fn).split("\n")[0] or {"__len__": "the first dimension's size", "__iter__": "the rows a[0], "
+                                               "a[1], ... (each an indexing op)", "__bool__": "the value of a "
+                                               "one-element tensor"}.get(name, "")
+        rows.append(f"| `{expression}` | {what} |")
+    if not rows:
+        return []
+    return ["**Operators** (each one an op on the tape when it records one):", "", "| expression | what it runs |",
+            "|---|---|", *rows, ""]
 
 
 def _members(cls):
@@ -81,7 +120,7 @@ def _block(title: str, doc: str) -> list[str]:
 
 def _entry(prefix: str, name: str, obj) -> list[str]:
     if inspect.isclass(obj):
-        lines = _block(f"### class `{prefix}.{name}{_signature(obj)}`", _doc(obj))
+        lines = _block(f"### class `{prefix}.{name}{_signature(obj)}`", _doc(obj)) + _operators(obj)
         for member, kind, fn in _members(obj):
             sig = "" if kind == "property" else _signature(fn).replace("(self, ", "(").replace("(self)", "()")
             sig = sig.replace("(cls, ", "(").replace("(cls)", "()")

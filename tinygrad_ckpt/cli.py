@@ -3,8 +3,9 @@
     tinygrad-ckpt estimate                      # the seed's 7B GPT: 32 layers, d 4096, T 2048, B 4, fp16
     tinygrad-ckpt estimate --checkpoint sqrt --capacity 80GiB
     tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel --checkpoint selective
-    tinygrad-ckpt estimate --tensor-parallel 4 --pipeline-parallel 4 --microbatches 8 --zero 1 --data-parallel 2
-    tinygrad-ckpt figures --quick [--only 03] [--out figures/]
+    tinygrad-ckpt estimate --tensor-parallel 4 --pipeline-parallel 4 --microbatches 8 --batch 8 --zero 1 \\
+        --data-parallel 2
+    tinygrad-ckpt figures --quick [--only 03] [--out figures/] [--verbose]
     tinygrad-ckpt explore --layers 12 --d-model 768 --heads 12 --seq 1024 --out gpt2.html   # a page to open
 
 `estimate` builds the GPT on the meta backend (shapes only, no data), runs a first training step
@@ -168,6 +169,8 @@ def _parser() -> argparse.ArgumentParser:
     fig.add_argument("--only", metavar="NN", nargs="+", help="only these lessons (e.g. 03, or 02 08)")
     fig.add_argument("--out", metavar="DIR", help="directory to write the figures to (default: figures/; with "
                                                   "--quick a scratch folder, never figures/)")
+    fig.add_argument("--verbose", "-v", action="store_true",
+                     help="print each lesson's text as it runs (default: a progress line and two numbers each)")
     e = sub.add_parser(
         "estimate", help="measure one training step of a GPT of any size on the meta backend",
         description="Build a GPT on the shape-only meta backend, run forward, backward and an optimizer step "
@@ -282,7 +285,7 @@ def main(argv=None) -> int:
             print(f"tinygrad-ckpt figures: the figures module is not available ({exc})", file=sys.stderr)
             return 1
         try:
-            result = figures.run(quick=args.quick, only=args.only, out=args.out)
+            result = figures.run(quick=args.quick, only=args.only, out=args.out, verbose=args.verbose)
         except ValueError as exc:  # an unknown lesson number, an --out that cannot be made
             parser.error(str(exc))
         except figures.LessonsNotFound as exc:  # a wheel install: the lessons live in the repository

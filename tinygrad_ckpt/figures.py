@@ -1,7 +1,7 @@
 """Run the lessons and write their figures.
 
     python -m tinygrad_ckpt.figures [--quick] [--only 01 3] [--out figures] [--verbose]
-    tinygrad-ckpt figures [--quick] [--only NN] [--out DIR]        (the same, through cli.py)
+    tinygrad-ckpt figures [--quick] [--only NN] [--out DIR] [--verbose]   (the same, through cli.py)
 
 The lessons live in `lessons/NN_<slug>.py` next to the package (in the repository, not inside the
 installed package), so they are found from this file's location and loaded by path. Each one's

@@ -382,6 +382,68 @@ def layer_costs(plain: Ledger, every_layer: Ledger, layers: list[str], input_byt
     return [LayerCost(flops[k], saved[k], input_bytes, flops[k] - replayed[k]) for k in layers]
 
 
+def block_costs(blocks, x) -> list[LayerCost]:
+    """The planner's costs of each block of a chain (your own model's layers: blocks[k] takes one Tensor, the output
+    of blocks[k - 1], and returns one; x is blocks[0]'s input, a Tensor or an array), measured on x under a ledger:
+    each block runs once plainly (f_k its forward FLOPs, a_k the bytes its ops save for backward, b_k its input's
+    bytes) and once checkpointed with a backward (t_k: f_k less the FLOPs its replay ran). The blocks' parameters
+    keep the gradients they had: what these runs add is taken back."""
+    from .checkpoint import checkpoint
+
+    blocks = list(blocks)
+    if not blocks or not all(callable(b) for b in blocks):
+        raise TypeError(f"block_costs: blocks must be a non-empty list of callables (your model's layers), got "
+                        f"{[type(b).__name__ for b in blocks] or 'an empty list'}")
+    h = x if isinstance(x, Tensor) else Tensor(x)
+    costs = []
+    for k, block in enumerate(blocks):
+        params = list(block.parameters()) if hasattr(block, "parameters") else []
+        grads = [p.grad for p in params]
+        h_in = Tensor(h.data, requires_grad=True)  # a leaf of this run: a save of the block's input counts here
+        with Ledger() as plain:
+            out = block(h_in)
+        if not isinstance(out, Tensor):
+            raise TypeError(f"block_costs: blocks[{k}] returned {type(out).__name__}, not a Tensor: a chain's blocks "
+                            "take and return one Tensor each")
+        with Ledger() as replayed:
+            checkpoint(block, h_in).sum().backward()
+        for p, g in zip(params, grads):
+            p.grad = g
+        f = plain.flops("forward")
+        costs.append(LayerCost(f, plain.live_bytes("activation"), int(h.data.nbytes),
+                               max(0, f - replayed.flops("recompute"))))
+        h = Tensor(out.data)  # the next block's input, without this run's graph
+        del out, plain, replayed
+    return costs
+
+
+def plan(blocks, x, budget, max_depth: int | None = None):
+    """The checkpoint plan with the least recompute for your own chain of blocks whose activations fit `budget`
+    (bytes, or a size such as "4MiB"), from costs measured on the example input x (`block_costs`; the planner is
+    planner.plan_chain). Run it with tg.run_plan(blocks, x, plan); nn.GPT and nn.Llama take it as checkpoint=.
+    The budget covers what the blocks save for backward (parameters, gradients and optimizer states come on top);
+    one below the least any plan needs is refused with that least. max_depth caps nested checkpoints (None: any).
+
+        plan = tg.plan(blocks, x, budget="2MiB")   # e.g. [0:2)ckpt [2:4)ckpt [4:5)plain
+        y = tg.run_plan(blocks, x, plan)
+    """
+    from . import planner
+    from .units import parse_bytes
+
+    try:
+        budget_bytes = budget if isinstance(budget, int) and not isinstance(budget, bool) else parse_bytes(budget)
+    except (TypeError, ValueError):
+        raise ValueError(f"plan: budget must be a number of bytes or a size such as '4MiB', got {budget!r}") from None
+    if budget_bytes <= 0:
+        raise ValueError(f"plan: budget must be positive, got {budget!r}")
+    costs = block_costs(blocks, x)
+    least = planner.minimum_peak_bytes(costs, max_depth=max_depth)
+    if budget_bytes < least:
+        raise ValueError(f"plan: no plan of these {len(costs)} blocks fits budget={budget!r} ({budget_bytes:,} B): "
+                         f"the least any plan keeps is {least:,} B; raise the budget (or max_depth)")
+    return planner.plan_chain(costs, budget_bytes, max_depth=max_depth)
+
+
 def block_names(model) -> list[str]:
     """The module paths of a model's blocks, as the ledger's per-layer breakdown names them: transformer.h.i
     (GPT) or model.layers.i (Llama)."""

@@ -253,6 +253,9 @@ def _name_children(container: Module, path: str) -> None:
 
 
 class ModuleList(Module):
+    """A list of modules registered as children named "0", "1", ... (nanoGPT's `transformer.h`): index, slice,
+    iterate and len() as a list; their parameters are the list's, named `{i}.<name>` in state_dict."""
+
     _container = True
 
     def __init__(self, modules=()):
@@ -272,6 +275,9 @@ class ModuleList(Module):
 
 
 class ModuleDict(Module):
+    """Modules registered as children by keyword (nanoGPT's `transformer = ModuleDict(wte=..., h=..., ln_f=...)`),
+    read back as attributes; their parameters are named `<key>.<name>` in state_dict."""
+
     _container = True
 
     def __init__(self, **modules):
@@ -304,6 +310,9 @@ class Linear(Module):
 
 
 class LayerNorm(Module):
+    """(x - mean) / sqrt(var + eps) · weight + bias over the last axis of size dim (weight 1, bias 0 at first).
+    Saves its output and 1/std (x̂ is recovered from the output in backward): see F.layer_norm."""
+
     def __init__(self, dim: int, eps: float = 1e-5, dtype=np.float32):
         dim = _size("LayerNorm", "dim", dim, 0)
         eps = _real("LayerNorm", "eps", eps, "a small number >= 0 such as 1e-5", lambda v: v >= 0)
@@ -321,6 +330,9 @@ class LayerNorm(Module):
 
 
 class Embedding(Module):
+    """Rows of `weight` [num_embeddings, dim] ~ N(0, std²) looked up by integer ids: ids [...] -> [..., dim]. Saves
+    nothing but the ids (an int array); its backward scatters the gradient into the looked-up rows."""
+
     def __init__(self, num_embeddings: int, dim: int, std: float = 0.02, dtype=np.float32):
         num_embeddings, dim = _size("Embedding", "num_embeddings", num_embeddings, 0), _size(
             "Embedding", "dim", dim, 0)
@@ -337,6 +349,9 @@ class Embedding(Module):
 
 
 class Dropout(Module):
+    """Zeroes each element with probability p and scales the rest by 1/(1 - p) while training (`module.train()`);
+    the identity under `module.eval()` or p = 0. Saves its mask packed 1 bit an element."""
+
     def __init__(self, p: float = 0.0):
         super().__init__()
         self.p = _real("Dropout", "p", p, "a probability in [0, 1)", lambda v: 0 <= v < 1)
@@ -385,6 +400,11 @@ class CausalSelfAttention(Module):
 
 
 class MLP(Module):
+    """GPT-2's feed-forward half: c_fc (d -> 4d), GELU (exact, or approximate="tanh"), c_proj (4d -> d, its init
+    scaled by 1/sqrt(2·n_layer) as GPT-2's), dropout. With dropout > 0 a checkpoint's replay of the block runs c_proj
+    too (the early stop cannot skip it): the dropout after it saves a mask, so it is replayed, and it reads c_proj's
+    output."""
+
     def __init__(self, d_model: int, dropout: float = 0.0, n_layer: int = 1, approximate: str = "none"):
         d_model, dropout = _size("MLP", "d_model", d_model), _dropout("MLP", dropout)
         n_layer = _size("MLP", "n_layer", n_layer)
