@@ -235,3 +235,24 @@ def test_a_checkpoint_replays_under_the_autocast_and_saves_its_forward_ran_under
     assert plain_loss == ckpt_loss
     for name in plain:
         assert np.array_equal(plain[name], ckpt[name]), name
+
+
+@pytest.mark.parametrize("backend_name", ["numpy", "meta"])
+def test_a_llama_trains_under_autocast_its_rotary_table_in_the_activations_dtype(backend_name):
+    """q and k come out of autocast's matmuls in bfloat16 while the model's rotary table is float32: the table is
+    used in their dtype (as Hugging Face's rotary embedding gives cos and sin), so a Llama runs AMP, on NumPy
+    within bfloat16 tolerance of its float32 loss, and on the meta backend (estimate --precision amp-bf16)."""
+    from tinygrad_ckpt.measure import using_backend
+
+    with using_backend(backend_name):
+        tg.manual_seed(0)
+        model = nn.Llama(64, 16, 2, 4, 32, n_kv_head=2, ffn_hidden=48)
+        idx = np.random.default_rng(0).integers(0, 64, (2, 16))
+        _, plain = model(idx, idx)
+        with tg.autocast("bfloat16"):
+            _, loss = model(idx, idx)
+        loss.backward()
+        assert loss.dtype == np.float32 and all(p.grad is not None for p in model.parameters())
+        if backend_name == "numpy":
+            assert abs(loss.item() - plain.item()) < 0.02 * abs(plain.item())
+            assert all(np.isfinite(p.grad).all() for p in model.parameters())

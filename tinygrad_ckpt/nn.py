@@ -575,7 +575,9 @@ class LlamaAttention(Module):
         q = self.q_proj(x).reshape(B, T, H, hd).transpose(1, 2)  # [B, H, T, hd] (views)
         k = self.k_proj(x).reshape(B, T, Hkv, hd).transpose(1, 2)  # [B, Hkv, T, hd]
         v = self.v_proj(x).reshape(B, T, Hkv, hd).transpose(1, 2)
-        table = self.rotary.table
+        table = self.rotary.table.data
+        if table.dtype != q.dtype:  # under autocast q, k are half: the table in their dtype, as Hugging Face's
+            table = table.astype(q.dtype)  # rotary embedding gives cos and sin in the activations' dtype
         q, k = F.rotary_embedding(q, table), F.rotary_embedding(k, table)  # new [B, H(kv), T, hd] buffers
         y = F.scaled_dot_product_attention(q, k, v, causal=True, dropout_p=self.dropout, training=self.training,
                                            impl=self.attention, enable_gqa=Hkv != H)
