@@ -161,7 +161,11 @@ def main(quick: bool = False, out: str = "figures") -> dict:
              if m["scalar_bytes"] else " (every saved byte is one of its terms)")
     print(f"estimate.engine_activation_bytes_per_layer: {m['engine']:,} B; measured - estimate = {diff:,} B{scale}")
     print("q, k and v are three views of ONE c_attn output buffer [B, T, 3d]: saved three times, counted once;"
-          "\nthe second matmul's A is the softmax output itself (no dropout), also counted once.")
+          "\nthe second matmul's A is the softmax output itself (no dropout), also counted once.\n"
+          "A buffer's shape is that of the array owning its memory, not of the view an op saved: a linear computes "
+          f"one matmul\nover the B·T rows flattened, so c_attn's output buffer is [B·T, 3d] = [{B * T}, {3 * d}] "
+          "(q, k, v view it) and c_fc's [B·T, 4d];\nthe attention output's buffer is the transpose's copy "
+          "[B, T, H, d/H], before its heads are merged: same bytes either way.")
 
     seed_b = estimate.seed_activation_bytes_per_layer(B, T, d, v)
     k22 = estimate.korthikanti_terms(T, B, d, H, bytes_per_value=v)

@@ -146,8 +146,8 @@ def figure(steps: list[dict], led, path: str, cfg: dict) -> None:
             ax.annotate(f"{s['name']} (#{s['index']}): replays block 1\n({s['recompute_ops']} ops in phase "
                         f"\"recompute\",\n{s['recomputed_saves']} \"recomputed\" saves), then runs\n"
                         "the replay's backward",
-                        (left + w / 2, s["inside_peak"] / div), xytext=(60, 45), textcoords="offset points",
-                        fontsize=8, va="bottom", arrowprops=dict(arrowstyle="-", color="grey", lw=0.8),
+                        (left + w / 2, s["inside_peak"] / div), xytext=(0.3, 0.96), textcoords="axes fraction",
+                        fontsize=8, va="top", arrowprops=dict(arrowstyle="-", color="grey", lw=0.8),
                         bbox=dict(boxstyle="round,pad=0.3", fc="white", ec="none", alpha=0.9))
     ax.fill_between(xs, 0, act / div, step="post", color=plots.CATEGORY_COLORS["activation"], alpha=0.85, lw=0,
                     label="activations (saved for backward)")
@@ -199,7 +199,10 @@ def main(quick: bool = False, out: str = "figures", break_at: str | None = None)
 
     C.heading("2. The backward, one step at a time: for entry in loss.backward_steps(): ...")
     print("Each step: the entry as it prints (before its backward runs), then the activation bytes the ledger "
-          "counts\nbefore the step and after its backward ran and its saves were released.")
+          "counts\nbefore the step and after its backward ran and its saves were released. A buffer saved by "
+          "several entries\n(an output the next op keeps too) counts once, and goes when its last holder lets it "
+          "go: a step shows +0 B\nwhen another entry still holds what it saved, and the last holder's step shows "
+          "the whole buffer.")
     for s in steps:
         print(f"#{s['index']} {s['repr']}")
         change = s["after"] - s["before"]
