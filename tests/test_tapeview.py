@@ -105,7 +105,8 @@ def test_graphviz_drawing_puts_the_block_in_the_checkpoints_cluster(x, tmp_path)
     cluster = cluster[:cluster.index("}")]
     assert "[checkpoint]" in cluster and "mlp.gelu [gelu]" in cluster and "replayed in backward" in cluster
     assert src.count("subgraph cluster_") == 1
-    assert "softmax" in src and "ln.weight [8]" in src  # entries outside, and leaf tensors as nodes
+    assert "softmax" in src and "ln.weight [8]" in src  # entries outside; the leaf tensors each entry reads...
+    assert "shape=ellipse" not in src and "from x [2, 4, 8]" in src  # ...named in its box, not a row of nodes
 
 
 def test_auto_picks_what_is_installed(x, monkeypatch):

@@ -158,7 +158,7 @@ def _save_line(r: SavedArray) -> str:
 
 def draw_tape(tensor, path=None, engine: str = "auto", max_interior: int = 12):
     """Draw `tensor.tape()`: one box per entry (index, scoped name, op, each saved array with its shape
-    and bytes), arrows from the entries and leaf tensors it reads, and each checkpoint entry as a group
+    and bytes, the leaf tensors it reads), arrows from the entries it reads, and each checkpoint entry as a group
     with the ops its block ran but did not keep. engine: "graphviz" (needs the `graphviz` package and
     the `dot` program), "matplotlib", or "auto" (graphviz when both are installed). Writes `path` if
     given (its suffix is the format: .png, .svg, .pdf). Returns the graphviz.Digraph or the matplotlib
@@ -201,10 +201,13 @@ def _draw_graphviz(entries, rows, edges, path, max_interior):
     fresh = sum(r.nbytes for rs in rows for r in rs if r.same_as is None and r.kind != "parameter")
     dot.attr(label=f"{len(entries)} tape entries holding {format_bytes(fresh)} beyond the parameters. Saved arrays: "
                    "red = an activation, gray = an input's own buffer, blue = a parameter's own buffer; "
-                   "ellipses: leaf tensors", labelloc="b")
-    leaves = {}
+                   "'from': the leaf tensors an entry reads", labelloc="b")
     for i, entry in enumerate(entries):
         cells = [f'<tr><td align="left"><b>{html.escape(_title(i, entry))}</b></td></tr>']
+        inputs = [source for kind, source in edges[i] if kind != "entry"]  # leaf tensors: named inside the entry, so
+        if inputs:  # the parameters do not stand in one row across the top of the drawing
+            cells.append(f'<tr><td align="left"><font color="#4C72B0">from {html.escape(", ".join(inputs))}'
+                         "</font></td></tr>")
         cells += [f'<tr><td align="left"><font color="{KIND_COLORS[r.kind]}">{html.escape(_save_line(r))}</font>'
                   "</td></tr>" for r in rows[i]] or ['<tr><td align="left"><font color="gray">saves nothing</font>'
                                                      "</td></tr>"]
@@ -224,10 +227,6 @@ def _draw_graphviz(entries, rows, edges, path, max_interior):
         for kind, source in edges[i]:
             if kind == "entry":
                 dot.edge(f"e{source}", f"e{i}")
-            else:
-                node = leaves.setdefault(source, f"leaf{len(leaves)}")
-                dot.node(node, source, shape="ellipse", style="filled", fillcolor="#EEF2F8", fontsize="9")
-                dot.edge(node, f"e{i}", color="gray")
     if path is not None:
         path = str(path)
         stem, _, fmt = path.rpartition(".")
