@@ -312,3 +312,34 @@ def test_a_comparison_says_when_the_ledgers_differ_in_untouched_bytes(browser, t
         assert same.page.inner_text("#compare-note") == "" and "untouched" not in same.page.inner_text("#legend")
     finally:
         same.page.close()
+
+
+def test_phases_are_shaded_by_the_ops_and_the_reserved_line_is_drawn(browser, tmp_path):
+    """An AdamW step's ops run in the optimizer phase though they allocate nothing (their only memory events are
+    zero_grad's releases after the last op): the shading follows the ops. A ledger with allocator= draws its
+    reserved bytes, and the page's y axis holds their peak."""
+    import tinygrad_ckpt as tg
+    from tinygrad_ckpt import nn, optim
+
+    tg.manual_seed(0)
+    model = nn.GPT(64, 32, 2, 4, 64)
+    opt = optim.AdamW(model.parameters())
+    idx = np.random.default_rng(0).integers(0, 64, (4, 32))
+    model(idx, idx)[1].backward()
+    opt.step()
+    opt.zero_grad()
+    with tg.Ledger(allocator="pytorch-cuda") as led:
+        model(idx, idx)[1].backward()
+        opt.step()
+        opt.zero_grad()
+    page = Page(browser, led.to_html(tmp_path / "adamw.html"))
+    try:
+        assert page.errors == []
+        runs = page.js("explorer.views[0].run.phaseRuns.map(([p, a, b]) => [DATA.phases[p].name, a, b])")
+        phases = [o["phase"] for o in led.ops]
+        assert [name for name, _, _ in runs][:3] == ["forward", "backward", "optimizer"]
+        assert runs[2][1] == phases.index("optimizer") and runs[2][2] >= len(phases)
+        assert page.js("explorer.views[0].run.reserved_peak") == led.placement.allocator.peak_reserved
+        assert "reserved (PyTorch's caching allocator, simulated)" in page.page.inner_text("#legend")
+    finally:
+        page.page.close()
