@@ -206,3 +206,33 @@ def test_virtual_stages_bad_arguments(capsys):
     assert cli.main(["estimate", *base, "--pipeline-parallel", "2", "--microbatches", "4",
                      "--virtual-stages", "2"]) == 0
     assert "interleaved 1F1B" in capsys.readouterr().out
+
+
+def test_the_reserved_peak_is_the_runs_whatever_else_the_process_holds():
+    """A tensor alive before the step and never used by it (another model, garbage not yet collected) is the ledger's
+    "untouched": left out of the peak, and out of the device the allocator replay describes."""
+    import gc
+
+    import numpy as np
+
+    import tinygrad_ckpt as tg
+    from tinygrad_ckpt import report
+    from tinygrad_ckpt.estimate import GPTShape
+    from tinygrad_ckpt.measure import SteadyStep, using_backend
+
+    shape = GPTShape(n_layer=2, d_model=256, n_head=4, seq_len=128, batch=2, vocab_size=512)
+    alone = SteadyStep(shape).measure()[0]
+    with using_backend("meta"):
+        other = tg.Tensor(np.zeros((64, 2**20), np.float32))  # 256 MiB held and never touched
+        cycle = [tg.Tensor(np.zeros((16, 2**20), np.float32))]  # 64 MiB of garbage in a reference cycle
+        cycle.append(cycle)
+    del cycle
+    gc.disable()
+    try:
+        beside = SteadyStep(shape).measure()[0]
+    finally:
+        gc.enable()
+    assert beside.peak_bytes(untouched=True) >= alone.peak_bytes(untouched=True) + other.nbytes
+    assert beside.peak_bytes() == alone.peak_bytes()
+    assert report.device_fit(beside.events, None).reserved_peak == report.device_fit(alone.events, None).reserved_peak
+    del other

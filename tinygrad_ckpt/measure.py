@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import time
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -326,6 +327,7 @@ def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
     stepper.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
         if isinstance(checkpoint, str) else checkpoint
     with using_backend(stepper.backend_name):
+        gc.collect()  # garbage of earlier work is no part of this step (the ledger would count it, untouched)
         t0 = time.perf_counter()
         with Ledger() as led:
             stepper._step()

@@ -116,7 +116,9 @@ class DeviceFit:
 
 
 def device_fit(events, capacity: int | None, device=None, settings: str = "") -> DeviceFit:
-    """Replay a ledger's events through the simulated allocator, at `capacity` (None: unbounded)."""
+    """Replay a ledger's events through the simulated allocator, at `capacity` (None: unbounded): the buffers the
+    run used (what the process held before and never touched, "untouched", is no part of the run's device)."""
+    events = [e for e in events if e.category != "untouched"]
     trace = cuda_allocator.simulate(events, settings or None, capacity)
     if trace.fits:
         return DeviceFit(capacity, device, settings, trace.peak_reserved, trace.peak_allocated,
