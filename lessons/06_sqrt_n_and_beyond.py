@@ -20,7 +20,7 @@ each extra FLOP buys, as the number of checkpointed segments and the plan vary (
 nesting, and an optimal planner).
 
 Read: tinygrad_ckpt/planner.py (LayerCost, simulate, plan_chain, sequential_plan, recursive_plan),
-tinygrad_ckpt/checkpoint.py (run_plan, run_checkpointed), tinygrad_ckpt/estimate.py (chen_optimal_segments).
+tinygrad_ckpt/checkpoint_plans.py (run_plan, run_checkpointed), tinygrad_ckpt/estimate.py (chen_optimal_segments).
 
 Run: python lessons/06_sqrt_n_and_beyond.py [--quick] [--out figures]
 Figures: {out}/06_sqrt_n_and_beyond_sweep.png (peak and recompute against k, predicted and measured)
@@ -39,7 +39,7 @@ from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import estimate, nn, planner, plots
-from tinygrad_ckpt.checkpoint import run_plan
+from tinygrad_ckpt.checkpoint_plans import run_plan
 from tinygrad_ckpt.measure import layer_costs
 from tinygrad_ckpt.planner import LayerCost, Plan
 

@@ -9,7 +9,7 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.checkpoint import run_plan
+from tinygrad_ckpt.checkpoint_plans import run_plan
 from tinygrad_ckpt.planner import every_layer_plan
 from tinygrad_ckpt.policies import as_policy
 

@@ -21,7 +21,9 @@ LAYERS = [
     {"tensor", "function", "ops"},  # the circle: Tensor <-> ops
     {"functional", "optim", "debug", "amp"},  # amp: tg.autocast  # debug: pdb breakpoints and anomaly checks, observers
     {"policies", "early_stop", "replay_check"},  # the checkpoint's features, each an observer of its segment
+    {"trees"},  # nested arguments mapped leaf by leaf (the checkpoint's arguments and outputs)
     {"checkpoint"},  # a client of the core: the segment operator
+    {"checkpoint_plans"},  # blocks run under a plan, each checkpointed segment through checkpoint
     {"nn"},  # GPT(checkpoint=...) runs plans through checkpoint
     {"parallel", "explorer", "memory_viz"},  # one device's shard of a parallel GPT; the ledger's HTML page and
     # memory_viz snapshot, from plain event data

@@ -17,7 +17,8 @@ if _state.tune_process and "numpy" not in _sys.modules and "OPENBLAS_THREAD_TIME
 from . import debug, functional, nn, optim
 from .amp import autocast
 from .backend import get_rng_state, manual_seed, set_rng_state, use_backend
-from .checkpoint import CheckpointError, checkpoint, checkpoint_sequential, run_plan
+from .checkpoint import CheckpointError, checkpoint
+from .checkpoint_plans import checkpoint_sequential, run_plan
 from .debug import detect_anomaly
 from .function import Context, Function
 from .ledger import Ledger, OutOfMemoryError

@@ -18,7 +18,8 @@ Three features layer on the same hook, each an observer of the forward whose `re
 observer of the replay, each in its own module and switched by an argument: `policy=` keeps chosen ops'
 saves and serves them in the replay (policies.py); `early_stop=True` serves the ops at the end that backward
 does not need (early_stop.py); `determinism_check=` compares the replay's saves with the forward's
-(replay_check.py). The op sequence is always checked.
+(replay_check.py). The op sequence is always checked (replay_check.SegmentReplay). Running blocks under a plan,
+each checkpointed segment through `checkpoint`, is checkpoint_plans.py.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ from . import backend, observe, state
 from .early_stop import Flows
 from .function import Function
 from .observe import SegmentObserver
-from .planner import Plan, every_layer_plan, no_checkpoint_plan, plan_for, sequential_plan
-from .policies import KeepByPolicy, Policy, as_policy
-from .replay_check import CheckpointError, Observations
+from .policies import KeepByPolicy, as_policy
+from .replay_check import CheckpointError, Observations, SegmentReplay
 from .tape import backward_steps, changed_error, edge_name, graph, key_of, run_steps
 from .tensor import Tensor
+from .trees import Argument, flatten, tree_map
 
 
 class SegmentForward(SegmentObserver):
@@ -62,37 +63,6 @@ class SegmentForward(SegmentObserver):
     def on_op(self, call, outputs) -> None:
         if self.mine():
             self.ops[-1][3] = backend.get_rng_state()
-
-
-class SegmentReplay(SegmentObserver):
-    """A replay: each op must be the one the forward ran at that point, and it runs with the forward's RNG states
-    (an op served instead of run draws nothing, so the state after it is set too)."""
-
-    def __init__(self, ops: list, rng: bool):
-        super().__init__()
-        self.ops, self.rng, self.index = ops, rng, -1
-
-    def on_op_start(self, call) -> None:
-        if not self.mine():
-            return
-        self.index += 1
-        ran = "'{}' ({})".format(*self.ops[self.index][:2]) if self.index < len(self.ops) else "nothing"
-        if ran != f"'{call.name}' ({call.kind})":
-            raise CheckpointError(f"checkpoint replay diverged at op {self.index}: the forward ran {ran}, the replay "
-                                  f"'{call.name}' ({call.kind}). The segment must run the same ops in the same "
-                                  "order each time (no branches on state that changed); this is checked whatever "
-                                  "determinism_check says.")
-        if self.rng:
-            backend.set_rng_state(self.ops[self.index][2])  # the same random numbers as in the forward
-
-    def on_op(self, call, outputs) -> None:
-        if self.rng and self.mine():
-            backend.set_rng_state(self.ops[self.index][3])
-
-    def done(self) -> None:
-        if self.index + 1 != len(self.ops):
-            raise CheckpointError(f"checkpoint replay diverged: the forward ran {len(self.ops)} ops, the replay "
-                                  f"{self.index + 1}. The segment must run the same ops each time.")
 
 
 @dataclass
@@ -137,7 +107,7 @@ class Replay:
         leaves = [Tensor._from_op(saved[f"input{i}"], rg, None, 0) for i, (_, rg, _) in enumerate(self.arguments)]
         for leaf, (_, _, name) in zip(leaves, self.arguments):
             leaf.name = name
-        args, kwargs = _tree_map(lambda slot: leaves[slot.position], self.structure, _Argument)
+        args, kwargs = tree_map(lambda slot: leaves[slot.position], self.structure, Argument)
         watching = [f.replay(saved) for f in self.features] + [SegmentReplay(self.segment.ops, self.rng)]
         outer_rng, start = backend.get_rng_state(), state.next_sequence()
         try:
@@ -154,7 +124,7 @@ class Replay:
             backend.set_rng_state(outer_rng)
         for o in watching:
             getattr(o, "done", lambda: None)()
-        return leaves, _flatten(out), start
+        return leaves, flatten(out), start
 
 
 class Checkpoint(Function):
@@ -218,30 +188,6 @@ def _alive(key) -> bool:
     return key is not None and (isinstance(key, tuple) or key() is not None)
 
 
-@dataclass(frozen=True)
-class _Argument:
-    """Stands for the n-th tensor argument in the structure a checkpoint entry keeps (no Tensor held)."""
-
-    position: int
-
-
-def _tree_map(fn, obj, leaf_type=Tensor):
-    """obj with fn applied to every leaf of `leaf_type` inside tuples, lists and dicts."""
-    if isinstance(obj, leaf_type):
-        return fn(obj)
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_tree_map(fn, item, leaf_type) for item in obj)
-    if isinstance(obj, dict):
-        return {k: _tree_map(fn, v, leaf_type) for k, v in obj.items()}
-    return obj
-
-
-def _flatten(obj) -> list[Tensor]:
-    found: list[Tensor] = []
-    _tree_map(found.append, obj)
-    return found
-
-
 def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy=None,
                determinism_check: str = "values", early_stop: bool = True, use_reentrant: bool | None = None,
                **kwargs):
@@ -272,7 +218,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     if not st.grad_enabled:
         return fn(*args, **kwargs)
     tensors: list[Tensor] = []
-    structure = _tree_map(lambda t: tensors.append(t) or _Argument(len(tensors) - 1), (args, kwargs))
+    structure = tree_map(lambda t: tensors.append(t) or Argument(len(tensors) - 1), (args, kwargs))
     held = name or getattr(fn, "_name", "") or getattr(fn, "__name__", "").strip("<>")
     segment = SegmentForward()
     keep = KeepByPolicy(policy) if policy is not None else None
@@ -284,7 +230,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
         stack.enter_context(state.patched(segments=st.segments + 1))
         stack.enter_context(observe.span(f"{st.prefix}{held}{'.' if held else ''}checkpoint"))
         out = fn(*args, **kwargs)
-    outputs = _flatten(out)
+    outputs = flatten(out)
     if not outputs:
         raise TypeError(f"checkpoint: {getattr(fn, '__name__', fn)!r} returned {type(out).__name__}, not a Tensor: "
                         "the function must return a Tensor or a tuple/list/dict of Tensors.")
@@ -307,31 +253,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     if keep is not None:
         keep.let_go()
     results = iter(results if isinstance(results, tuple) else (results,))
-    return _tree_map(lambda t: next(results), out)
+    return tree_map(lambda t: next(results), out)
 
 
-def checkpoint_sequential(blocks, segments: int, x, **kwargs):
-    """Split `blocks` into `segments` chunks and checkpoint every chunk but the last, which runs
-    plainly (its backward starts right away, so checkpointing it would only recompute), like
-    torch.utils.checkpoint.checkpoint_sequential."""
-    blocks = list(blocks)
-    return run_plan(blocks, x, sequential_plan(len(blocks), segments, last_plain=True), **kwargs)
-
-
-def run_plan(blocks, x, plan: Plan, **kwargs):
-    """Run `blocks` over x following a planner Plan, each checkpointed segment through `checkpoint` (nested
-    checkpoints for nested plans); kwargs go to every checkpoint (policy=, determinism_check=, ...)."""
-    return plan.run(blocks, x, lambda run_chunk, x: checkpoint(run_chunk, x, **kwargs))
-
-
-def run_checkpointed(blocks, x, spec):
-    """A model's checkpoint switch: None, "every_layer", "sqrt", an int k (k segments), a Policy (selective
-    recomputation inside every block) or a planner Plan."""
-    if spec is None:
-        return no_checkpoint_plan(len(blocks)).run(blocks, x, None)
-    if isinstance(spec, Policy):
-        return run_plan(blocks, x, every_layer_plan(len(blocks)), policy=spec)
-    return run_plan(blocks, x, plan_for(len(blocks), spec))
-
-
-__all__ = ["checkpoint", "checkpoint_sequential", "run_plan", "run_checkpointed", "CheckpointError", "Checkpoint"]
+__all__ = ["checkpoint", "CheckpointError", "Checkpoint"]

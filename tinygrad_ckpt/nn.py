@@ -20,7 +20,7 @@ import numpy as np
 
 from . import backend
 from . import functional as F
-from .checkpoint import run_checkpointed
+from .checkpoint_plans import run_checkpointed
 from .checks import float_dtype, kind, number, one_of
 from .estimate import llama_ffn_hidden
 from .ops.moe import balanced_indices, expert_picks
@@ -500,7 +500,7 @@ class GPT(Module):
         return logits, loss
 
     def run_blocks(self, x):
-        """Run the blocks, checkpointed as `self.checkpoint` says (checkpoint.run_checkpointed)."""
+        """Run the blocks, checkpointed as `self.checkpoint` says (checkpoint_plans.run_checkpointed)."""
         return run_checkpointed(list(self.transformer.h), x, self.checkpoint)
 
 

@@ -151,3 +151,34 @@ def _compare(a: Observation, what: str, before: tuple, after: tuple) -> None:
                 f"checksum {value!r} in forward but {value2!r} in the replay: the segment is not deterministic "
                 "(randomness with preserve_rng_state=False, or global state that changed)." + _TIP
             )
+
+
+class SegmentReplay(SegmentObserver):
+    """A replay: each op must be the one the forward ran at that point, and it runs with the forward's RNG states
+    (an op served instead of run draws nothing, so the state after it is set too)."""
+
+    def __init__(self, ops: list, rng: bool):
+        super().__init__()
+        self.ops, self.rng, self.index = ops, rng, -1
+
+    def on_op_start(self, call) -> None:
+        if not self.mine():
+            return
+        self.index += 1
+        ran = "'{}' ({})".format(*self.ops[self.index][:2]) if self.index < len(self.ops) else "nothing"
+        if ran != f"'{call.name}' ({call.kind})":
+            raise CheckpointError(f"checkpoint replay diverged at op {self.index}: the forward ran {ran}, the replay "
+                                  f"'{call.name}' ({call.kind}). The segment must run the same ops in the same "
+                                  "order each time (no branches on state that changed); this is checked whatever "
+                                  "determinism_check says.")
+        if self.rng:
+            backend.set_rng_state(self.ops[self.index][2])  # the same random numbers as in the forward
+
+    def on_op(self, call, outputs) -> None:
+        if self.rng and self.mine():
+            backend.set_rng_state(self.ops[self.index][3])
+
+    def done(self) -> None:
+        if self.index + 1 != len(self.ops):
+            raise CheckpointError(f"checkpoint replay diverged: the forward ran {len(self.ops)} ops, the replay "
+                                  f"{self.index + 1}. The segment must run the same ops each time.")
