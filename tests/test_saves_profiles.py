@@ -85,3 +85,32 @@ def test_pytorch_saves_what_pytorch_keeps(plan, dropout):
     else:  # the two named terms set aside; what is left is where inside a replay each framework frees (<= 2%)
         assert terms["noise"] > 0 or terms["dead_cache"] > 0
         assert abs(terms["comparable"] - led.peak_bytes("activation")) <= 0.02 * led.peak_bytes("activation")
+
+
+@pytest.mark.parametrize("plan", [None, "every_layer", "sqrt", 2])
+def test_pytorch_saves_on_a_llama_differ_from_pytorchs_by_named_terms(plan):
+    """The engine's Llama under saves_like("pytorch") against the bridge's TorchLlama (PyTorch on CPU), storage by
+    storage after the forward. Every byte of difference is a named term from the shapes: CPU's rms_norm is composite
+    (it keeps x·rsqrt(mean(x²) + eps) for the weight's multiply, B·T·d, beyond CUDA's fused kernel's input and
+    1/rms), the bridge repeats k and v to every query head (the engine's grouped-query attention never does: 2·B·(H -
+    Hkv)·T·hd per layer), and PyTorch's cross-entropy keeps its log-softmax and a 0-d weight where the engine keeps
+    the logits, a log-sum-exp and a valid flag per row."""
+    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge", reason="the bridge needs PyTorch")
+    B, T, d, H, Hkv, L, w = 2, 32, 64, 4, 2, 4, 4
+    idx = np.random.default_rng(0).integers(0, 64, (B, T))
+    tg.manual_seed(0)
+    llama = nn.Llama(64, T, L, H, d, n_kv_head=Hkv, ffn_hidden=96, checkpoint=plan)
+    with tg.saves_like("pytorch"), tg.Ledger() as led:
+        _, loss = llama(idx, idx)
+        after_forward = led.live_bytes("activation")
+        loss.backward()
+    step = torch_bridge.measure_step(torch_bridge.TorchLlama.from_engine(llama, checkpoint=plan), idx, idx)
+    norm = B * T * d * w  # one composite rms_norm's x·rsqrt
+    repeated = 2 * B * (H - Hkv) * T * (d // H) * w  # k and v repeated to H heads, beyond their Hkv
+    loss_term = 4 - B * T * (w + 1)
+    blocks = L * (2 * norm + repeated) if plan is None else 0  # a checkpointed block keeps only its input
+    assert step.after_forward - after_forward == blocks + norm + loss_term  # model.norm's, the loss's
+    if plan is None:
+        by_layer, ours = step.meter.by_layer(), led.saved_breakdown(by="layer")
+        for k in range(L):
+            assert by_layer[f"model.layers.{k}"] - ours[f"model.layers.{k}"] == 2 * norm + repeated
