@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from needs import TORCH_MISSING
 
 from tinygrad_ckpt import cli
 
@@ -31,7 +32,6 @@ LEFT_OUT = {
     r"(python -m )?pip install .*": "installs packages: what CI itself runs (.ci/run)",
     r"python -m pytest( -q)?": "the test suite itself, this test included (CI runs it)",
 }
-TORCH_MISSING = "torch is not installed (the optional extra: see the README's CPU build of PyTorch)"
 
 
 def code_blocks(lang: str, text: str | None = None) -> list[tuple[int, str]]:
