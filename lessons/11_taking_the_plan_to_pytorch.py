@@ -75,11 +75,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
 
         from tinygrad_ckpt import torch_bridge as tb
     except ImportError as exc:
-        reason = (f"PyTorch is not installed ({exc}): the optional extra [torch]; on a machine without an NVIDIA "
-                  "GPU take its CPU build first: pip install torch==2.13.0 --index-url "
-                  "https://download.pytorch.org/whl/cpu, then pip install -e \".[torch]\"")
-        print(f"skipped: {reason}")
-        return {"skipped": reason, "figures": []}
+        return C.without_torch(exc)
 
     V, T, L, H, D, B, p = (64, 32, 4, 4, 64, 4, 0.1) if quick else (256, 128, 8, 8, 256, 8, 0.1)
     model = C.make_gpt(V, T, L, H, D, dropout=p)

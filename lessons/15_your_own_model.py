@@ -224,11 +224,7 @@ def main(quick: bool = False, out: str | None = None) -> dict:
         from tinygrad_ckpt import torch_plans as tp
         from tinygrad_ckpt import torch_weights as tw
     except ImportError as exc:
-        reason = (f"PyTorch is not installed ({exc}): the optional extra [torch]; on a machine without an NVIDIA "
-                  "GPU take its CPU build first: pip install torch==2.13.0 --index-url "
-                  "https://download.pytorch.org/whl/cpu, then pip install -e \".[torch]\"")
-        print(f"skipped: {reason}")
-        return {"skipped": reason, "figures": []}
+        return C.without_torch(exc)
 
     s = sizes(quick)
     V, T, L, H, D, B = (s[k] for k in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "batch"))

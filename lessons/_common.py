@@ -129,3 +129,12 @@ def fig_path(out: str, name: str) -> str:
     """{out}/{name}, with the folder created."""
     os.makedirs(out, exist_ok=True)
     return os.path.join(out, name)
+
+
+def without_torch(exc: ImportError) -> dict:
+    """What a lesson that needs PyTorch prints and returns where it is missing (and how to install its CPU build)."""
+    reason = (f"PyTorch is not installed ({exc}): the optional extra [torch]; on a machine without an NVIDIA GPU take "
+              "its CPU build first: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu, "
+              "then pip install -e \".[torch]\"")
+    print(f"skipped: {reason}")
+    return {"skipped": reason, "figures": []}

@@ -4,13 +4,12 @@ model (32 layers, about 20 s on meta) and pins the numbers the lesson's text is 
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 
 from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt import figures
 
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 STEM = "09_seed_at_full_scale"
@@ -18,12 +17,7 @@ GiB = 2**30
 
 
 def load():
-    if str(LESSONS) not in sys.path:
-        sys.path.insert(0, str(LESSONS))
-    spec = importlib.util.spec_from_file_location(f"lesson_{STEM}", LESSONS / f"{STEM}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return figures.load_lesson(LESSONS / f"{STEM}.py")
 
 
 def run(out: pathlib.Path, quick: bool) -> dict:

@@ -3,25 +3,19 @@ here from the numbers it returns, to the byte where the arithmetic is exact, and
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 
 from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt import figures
 
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 STEM = "13_what_changes_in_a_llama"
 
 
 def load():
-    if str(LESSONS) not in sys.path:
-        sys.path.insert(0, str(LESSONS))
-    spec = importlib.util.spec_from_file_location(f"lesson_{STEM}", LESSONS / f"{STEM}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return figures.load_lesson(LESSONS / f"{STEM}.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,13 +3,11 @@ from the numbers it returns, and its figure must exist."""
 
 from __future__ import annotations
 
-import importlib.util
 import pathlib
-import sys
 
 import pytest
 
-from tinygrad_ckpt import devices
+from tinygrad_ckpt import devices, figures
 from tinygrad_ckpt import estimate as est
 
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
@@ -17,12 +15,7 @@ STEM = "14_from_the_ledger_to_your_gpu"
 
 
 def load():
-    if str(LESSONS) not in sys.path:
-        sys.path.insert(0, str(LESSONS))
-    spec = importlib.util.spec_from_file_location(f"lesson_{STEM}", LESSONS / f"{STEM}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return figures.load_lesson(LESSONS / f"{STEM}.py")
 
 
 @pytest.fixture(scope="module")
