@@ -574,21 +574,9 @@ class _ServeOps(TorchDispatchMode):
 
 
 # ---- measuring ----------------------------------------------------------------------------------------------
-@dataclass
-class TorchSaves:
-    """What one PyTorch forward + backward kept for backward (torch_saves.SavedBytes), per module and layer."""
-
-    meter: ts.SavedBytes
-    loss: float
-    seconds: float
-
-    @property
-    def peak(self) -> int:
-        return self.meter.peak
-
-    @property
-    def after_forward(self) -> int:
-        return self.meter.after_forward
+class TorchSaves(ts.TorchStep):
+    """What one PyTorch forward + backward kept for backward (torch_saves.TorchStep: meter, loss, seconds, peak,
+    after_forward), per module and layer."""
 
     def by_layer(self) -> dict:
         return self.meter.by_layer()
