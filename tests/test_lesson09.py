@@ -6,18 +6,17 @@ from __future__ import annotations
 
 import pathlib
 
+import lesson_runs
 import pytest
 
 from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import figures
 
-LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 STEM = "09_seed_at_full_scale"
 GiB = 2**30
 
 
 def load():
-    return figures.load_lesson(LESSONS / f"{STEM}.py")
+    return lesson_runs.load(STEM)
 
 
 def run(out: pathlib.Path, quick: bool) -> dict:

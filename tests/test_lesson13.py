@@ -3,34 +3,22 @@ here from the numbers it returns, to the byte where the arithmetic is exact, and
 
 from __future__ import annotations
 
-import pathlib
-
+import lesson_runs
 import pytest
 
 from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import figures
 
-LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 STEM = "13_what_changes_in_a_llama"
-
-
-def load():
-    return figures.load_lesson(LESSONS / f"{STEM}.py")
 
 
 @pytest.fixture(scope="module")
 def lesson():
-    return load()
+    return lesson_runs.load(STEM)
 
 
 @pytest.fixture(scope="module")
 def r(tmp_path_factory, lesson):
-    out = tmp_path_factory.mktemp("figs13")
-    result = lesson.main(quick=True, out=str(out))
-    (path,) = result["figures"]
-    p = pathlib.Path(path)
-    assert p.parent == out and p.name == f"{STEM}.png" and p.stat().st_size > 10_000
-    return result
+    return lesson_runs.quick_run(lesson, STEM, tmp_path_factory.mktemp("figs13"))
 
 
 def test_swiglu_keeps_two_d_plus_four_f_per_token(r):

@@ -3,34 +3,23 @@ from the numbers it returns, and its figure must exist."""
 
 from __future__ import annotations
 
-import pathlib
-
+import lesson_runs
 import pytest
 
-from tinygrad_ckpt import devices, figures
+from tinygrad_ckpt import devices
 from tinygrad_ckpt import estimate as est
 
-LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 STEM = "14_from_the_ledger_to_your_gpu"
-
-
-def load():
-    return figures.load_lesson(LESSONS / f"{STEM}.py")
 
 
 @pytest.fixture(scope="module")
 def lesson():
-    return load()
+    return lesson_runs.load(STEM)
 
 
 @pytest.fixture(scope="module")
 def r(tmp_path_factory, lesson):
-    out = tmp_path_factory.mktemp("figs14")
-    result = lesson.main(quick=True, out=str(out))
-    (path,) = result["figures"]
-    p = pathlib.Path(path)
-    assert p.parent == out and p.name == f"{STEM}.png" and p.stat().st_size > 10_000
-    return result
+    return lesson_runs.quick_run(lesson, STEM, tmp_path_factory.mktemp("figs14"))
 
 
 def test_each_way_costs_its_bytes_a_parameter(r):

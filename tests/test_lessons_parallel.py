@@ -44,7 +44,8 @@ def test_lesson_11_plans_carry_over_to_pytorch(tmp_path):
     assert r["worst_like_for_like"] < 0.02
 
 
-def test_lesson_11_skips_cleanly_without_torch(tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("stem", ["11_taking_the_plan_to_pytorch", "15_your_own_model"])
+def test_a_lesson_that_needs_torch_skips_cleanly_without_it(stem, tmp_path, monkeypatch, capsys):
     import builtins
 
     real_import = builtins.__import__
@@ -55,11 +56,12 @@ def test_lesson_11_skips_cleanly_without_torch(tmp_path, monkeypatch, capsys):
         return real_import(name, *args, **kwargs)
 
     monkeypatch.setattr(builtins, "__import__", no_torch)
-    module = figures.load_lesson(figures.lessons_dir() / "11_taking_the_plan_to_pytorch.py")
+    module = figures.load_lesson(figures.lessons_dir() / f"{stem}.py")
     result = module.main(quick=True, out=str(tmp_path))
     assert result["figures"] == [] and "pip install" in result["skipped"]
     assert "skipped" in capsys.readouterr().out
     assert list(tmp_path.iterdir()) == []
+    assert module.headline(result) == [f"skipped: {result['skipped']}"]
 
 
 def test_lesson_12_per_device_plans_and_table_2(tmp_path):
@@ -102,22 +104,3 @@ def test_lesson_15_plans_your_own_model(tmp_path):
             assert all(loss == pytest.approx(ref, rel=1e-5) for loss, ref in run["losses"])
     else:
         assert r["tp"] is None and r["tp_skipped"]
-
-
-def test_lesson_15_skips_cleanly_without_torch(tmp_path, monkeypatch, capsys):
-    import builtins
-
-    real_import = builtins.__import__
-
-    def no_torch(name, *args, **kwargs):
-        if name == "torch" or name.startswith("torch."):
-            raise ImportError("No module named 'torch'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_torch)
-    module = figures.load_lesson(figures.lessons_dir() / "15_your_own_model.py")
-    result = module.main(quick=True, out=str(tmp_path))
-    assert result["figures"] == [] and "pip install" in result["skipped"]
-    assert "skipped" in capsys.readouterr().out
-    assert list(tmp_path.iterdir()) == []
-    assert module.headline(result) == [f"skipped: {result['skipped']}"]

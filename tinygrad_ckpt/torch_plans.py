@@ -37,9 +37,7 @@ policy keeps at most what running the segment plainly keeps, never more.
 from __future__ import annotations
 
 import contextlib
-import gc
 import re
-import time
 import warnings
 import weakref
 from collections import defaultdict
@@ -623,19 +621,11 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
     applied = model.__dict__.get("_tg_plan")
     scopes = None if applied is not None else ModuleScopes(model)
     torch.manual_seed(seed)
-    gc.collect()
-    gc.disable()  # slots are let go when autograd drops them, not at the collector's whim
     meter = ts.SavedBytes(exclude=params)
     handles = _exclusion_hooks(model, meter)
     try:
-        t0 = time.perf_counter()
-        with meter:
-            loss = step()
-            meter.after_forward = meter.live
-            loss.backward()
-        seconds = time.perf_counter() - t0
+        loss, seconds = ts.timed_step(meter, step)
     finally:
-        gc.enable()
         for h in handles:
             h.remove()
         if scopes is not None:

@@ -465,28 +465,37 @@ class TorchStep:
         return out
 
 
+def timed_step(meter: SavedBytes, step) -> tuple:
+    """`step()` (it returns the loss) and its backward under `meter`, with the cyclic collector off (slots are let
+    go by reference counting, at the moment autograd drops them, not at gc's whim): (loss, seconds)."""
+    import time
+
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        with meter:
+            loss = step()
+            meter.after_forward = meter.live
+            loss.backward()
+        return loss, time.perf_counter() - t0
+    finally:
+        gc.enable()
+
+
 def measure_step(model: torch.nn.Module, idx, targets, seed: int = 0) -> TorchStep:
     """One forward and backward of `model` (its .checkpoint as set), measured by SavedBytes; gradients land
     in the parameters' .grad."""
-    import time
-
     idx, targets = (torch.as_tensor(np.asarray(a)) for a in (idx, targets))
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
     handles = _module_hooks(model)
-    gc.collect()
-    gc.disable()  # slots are let go by reference counting, at the moment autograd drops them: not at gc's whim
+    meter = SavedBytes(exclude=params)
     try:
-        t0 = time.perf_counter()
-        with SavedBytes(exclude=params) as meter:
-            _, loss = model(idx, targets)
-            meter.after_forward = meter.live
-            loss.backward()
-        seconds = time.perf_counter() - t0
+        loss, seconds = timed_step(meter, lambda: model(idx, targets)[1])
     finally:
-        gc.enable()
         for h in handles:
             h.remove()
         _SCOPE.clear()
