@@ -47,8 +47,27 @@ def dtype_bytes(dtype) -> int:
         raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
+class _Shape:
+    """What GPTShape and LlamaShape share: the head size, the bytes of a value, and the run's own checks."""
+
+    def _check_run(self) -> None:
+        name = type(self).__name__
+        if self.seq_len > self.block_size:
+            raise ValueError(f"{name}: seq_len {self.seq_len} exceeds block_size {self.block_size}")
+        if not 0 <= self.dropout < 1:
+            raise ValueError(f"{name}: dropout must be in [0, 1), got {self.dropout!r}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def value_bytes(self) -> int:
+        return dtype_bytes(self.dtype)
+
+
 @dataclass
-class GPTShape:
+class GPTShape(_Shape):
     """A nanoGPT-style model and batch. block_size defaults to seq_len."""
 
     n_layer: int
@@ -73,18 +92,8 @@ class GPTShape:
         if self.d_model % self.n_head:
             raise ValueError(f"GPTShape: {self.n_head} heads do not divide d_model {self.d_model}; pick a head count "
                              f"that does (e.g. {self.d_model // 64 or 1} heads of 64)")
-        if self.seq_len > self.block_size:
-            raise ValueError(f"GPTShape: seq_len {self.seq_len} exceeds block_size {self.block_size}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"GPTShape: dropout must be in [0, 1), got {self.dropout!r}")
+        self._check_run()
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def value_bytes(self) -> int:
-        return dtype_bytes(self.dtype)
 
 
 def llama_ffn_hidden(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: float | None = None) -> int:
@@ -99,7 +108,7 @@ def llama_ffn_hidden(d_model: int, multiple_of: int = 256, ffn_dim_multiplier: f
 
 
 @dataclass
-class LlamaShape:
+class LlamaShape(_Shape):
     """A Llama / Mistral / Mixtral-family model (nn.Llama's arguments; Hugging Face's config names in the comments)
     and a batch. block_size defaults to seq_len, n_kv_head to n_head, ffn_hidden to llama_ffn_hidden(d_model)."""
 
@@ -141,18 +150,8 @@ class LlamaShape:
         if self.n_experts and self.experts_per_token > self.n_experts:
             raise ValueError(f"LlamaShape: experts_per_token {self.experts_per_token} exceeds n_experts "
                              f"{self.n_experts}")
-        if self.seq_len > self.block_size:
-            raise ValueError(f"LlamaShape: seq_len {self.seq_len} exceeds block_size {self.block_size}")
-        if not 0 <= self.dropout < 1:
-            raise ValueError(f"LlamaShape: dropout must be in [0, 1), got {self.dropout!r}")
+        self._check_run()
 
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
-
-    @property
-    def value_bytes(self) -> int:
-        return dtype_bytes(self.dtype)
 
 
 # Published shapes [configs]: GPT-2 (OpenAI's config.json: n_embd, n_layer, n_head, n_ctx 1024, vocab 50257, tied,
