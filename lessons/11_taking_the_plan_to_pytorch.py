@@ -47,16 +47,6 @@ from tinygrad_ckpt.measure import layer_costs
 SLUG = "11_taking_the_plan_to_pytorch"
 
 
-def engine_step(model, idx):
-    """The ledger of one forward + backward of the engine's GPT."""
-    C.fresh()
-    with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-    model.zero_grad()
-    return led
-
-
 def seconds(step, repeats: int) -> float:
     """The fastest of `repeats` runs of step() (no ledger, no meter: their bookkeeping is not the plan's cost)."""
     best = float("inf")
@@ -83,9 +73,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     print(f"GPT: {L} layers, d = {D}, {H} heads, T = {T}, B = {B}, dropout {p}, float32, on the CPU")
 
     C.heading("1. The planner's plan for a budget, from this engine's measured costs")
-    led = engine_step(model, idx)
+    led = C.engine_step(model, idx)
     model.checkpoint = "every_layer"  # for the tails: what each block's replay stops before
-    costs = layer_costs(led, engine_step(model, idx), [f"transformer.h.{k}" for k in range(L)], B * T * D * 4)
+    costs = layer_costs(led, C.engine_step(model, idx), [f"transformer.h.{k}" for k in range(L)], B * T * D * 4)
     model.checkpoint = None
     plain = sum(c.saved_bytes for c in costs)
     budget = int(0.45 * plain)
@@ -115,7 +105,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
     rows, results = [], {}
     for label, spec in plans.items():
         model.checkpoint = torch_model.checkpoint = spec
-        engine = engine_step(model, idx).peak_bytes("activation")
+        engine = C.engine_step(model, idx).peak_bytes("activation")
         step = tb.measure_step(torch_model, idx, idx)
         terms = step.like_for_like()
         engine_seconds, torch_seconds = seconds(engine_run, 3), seconds(torch_run, 3)

@@ -193,16 +193,6 @@ def sizes(quick: bool) -> dict:
         dict(vocab_size=256, block_size=128, n_layer=8, n_head=8, n_embd=256, batch=8)
 
 
-def engine_step(model, idx):
-    """The ledger of one forward + backward of an engine model (its weights unchanged)."""
-    C.fresh()
-    with tg.Ledger() as led:
-        _, loss = model(idx, idx)
-        loss.backward()
-    model.zero_grad()
-    return led
-
-
 def grads(model) -> dict:
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -235,14 +225,14 @@ def main(quick: bool = False, out: str | None = None) -> dict:
 
     C.heading("1. The engine's plan for your GPT, from the ledger's costs")
     engine = C.make_gpt(V, T, L, H, D)
-    led_plain = engine_step(engine, idx_np)
+    led_plain = C.engine_step(engine, idx_np)
     engine.checkpoint = "every_layer"
-    led_every = engine_step(engine, idx_np)
+    led_every = C.engine_step(engine, idx_np)
     costs = layer_costs(led_plain, led_every, blocks, B * T * D * 4)
     budget = int(0.4 * sum(c.saved_bytes for c in costs))
     plan = planner.plan_chain(costs, budget, max_depth=1)
     engine.checkpoint = plan
-    led_plan = engine_step(engine, idx_np)
+    led_plan = C.engine_step(engine, idx_np)
     print(f"engine GPT: {L} layers, d = {D}, {H} heads, T = {T}, B = {B}; its blocks keep "
           f"{C.format_bytes(sum(c.saved_bytes for c in costs))} run plainly")
     print(f"plan_chain for {C.format_bytes(budget)} (40%): {plan.describe()} (predicted peak "

@@ -138,3 +138,14 @@ def without_torch(exc: ImportError) -> dict:
               "then pip install -e \".[torch]\"")
     print(f"skipped: {reason}")
     return {"skipped": reason, "figures": []}
+
+
+def engine_step(model, idx):
+    """The ledger of one forward + backward of an engine model on idx (targets = idx); its weights unchanged, its
+    gradients zeroed after."""
+    fresh()
+    with tg.Ledger() as led:
+        _, loss = model(idx, idx)
+        loss.backward()
+    model.zero_grad()
+    return led
