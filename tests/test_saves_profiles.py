@@ -4,6 +4,7 @@ whichever; what is kept differs, and the meta run measures it."""
 
 import numpy as np
 import pytest
+from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import estimate as est
@@ -67,7 +68,7 @@ def test_pytorch_saves_what_pytorch_keeps(plan, dropout):
     Otherwise two named terms are set aside: CPU dropout keeps its noise in float32 (4 B an element) where CUDA
     keeps a bool mask (1 B), and selective checkpointing caches outputs nothing needs; the peaks then agree within
     2%, the rest being where inside a replay each frees what it no longer needs."""
-    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge")
+    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge", reason=TORCH_MISSING)
     spec = tg.korthikanti_selective if plan == "selective" else plan
     tg.manual_seed(0)
     gpt = nn.GPT(64, 32, 4, 4, 64, dropout=dropout, checkpoint=spec)
@@ -95,7 +96,7 @@ def test_pytorch_saves_on_a_llama_differ_from_pytorchs_by_named_terms(plan):
     1/rms), the bridge repeats k and v to every query head (the engine's grouped-query attention never does: 2·B·(H -
     Hkv)·T·hd per layer), and PyTorch's cross-entropy keeps its log-softmax and a 0-d weight where the engine keeps
     the logits, a log-sum-exp and a valid flag per row."""
-    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge", reason="the bridge needs PyTorch")
+    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge", reason=TORCH_MISSING)
     B, T, d, H, Hkv, L, w = 2, 32, 64, 4, 2, 4, 4
     idx = np.random.default_rng(0).integers(0, 64, (B, T))
     tg.manual_seed(0)
