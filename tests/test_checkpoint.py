@@ -373,6 +373,31 @@ def test_selective_keeps_exactly_what_korthikanti_counts():
     assert sel.live_bytes("activation") == expected
 
 
+def test_a_kept_output_only_a_recomputed_view_reads_is_let_go():
+    """A view reads no data: a kept op's output that the replay only views, on the way to ops that are kept
+    too, is let go after the forward. In a Llama block under korthikanti_selective q and k reach the (kept)
+    rotary op only through views, so q_proj's and k_proj's outputs go, while v_proj's stays: the recomputed
+    attention core reads it through its views. Gradients stay bit-identical to the plain run."""
+    from tinygrad_ckpt.measure import saved_after_forward
+
+    idx = np.random.default_rng(0).integers(0, 64, (2, 16))
+
+    def run(policy):
+        tg.manual_seed(0)
+        model = nn.Llama(64, 16, 1, 4, 32, n_kv_head=2, ffn_hidden=48, checkpoint=policy)
+        with tg.Ledger() as led:
+            _, loss = model(idx, idx)
+            held = {e.scope for e in saved_after_forward(led, "model.layers.0.self_attn").values()
+                    if e.role == "output" and e.op == "linear"}
+            loss.backward()
+        return held, [p.grad for p in model.parameters()]
+
+    held, grads = run(tg.korthikanti_selective)
+    assert held == {"model.layers.0.self_attn.v_proj"}
+    for g, p in zip(grads, run(None)[1]):
+        assert np.array_equal(g, p)
+
+
 def test_gpt_checkpoint_switch_rejects_nonsense():
     with pytest.raises(ValueError, match="checkpoint="):
         gpt_grads("sometimes")

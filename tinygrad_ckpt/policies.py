@@ -190,7 +190,8 @@ class KeptOp:
 
 class KeepByPolicy(SegmentObserver):
     """The segment's forward under a policy: each op the policy saves is kept (and reported to the observers as
-    saved, by a `KeptOp` holder); after the forward, outputs that no recomputed op reads are let go."""
+    saved, by a `KeptOp` holder); after the forward, outputs that no recomputed op reads are let go. A recomputed
+    view reads no data: what it views is read only where a recomputed op (or a kept op's save) reads the view."""
 
     def __init__(self, policy: Policy):
         super().__init__()
@@ -199,6 +200,7 @@ class KeepByPolicy(SegmentObserver):
         self.arrays: dict[str, object] = {}  # key -> kept array
         self.outputs: dict[int, str] = {}  # id(kept output) -> its key (held in `arrays`: the id stays its own)
         self.read: set[str] = set()  # keys of kept outputs that the replay reads (recomputed ops, kept saves)
+        self.views: dict[int, tuple] = {}  # id(a recomputed view's output) -> (it, keys of the kept outputs it views)
         self.index = -1
 
     def on_op_start(self, call) -> None:
@@ -210,7 +212,13 @@ class KeepByPolicy(SegmentObserver):
         ctx = call.ctx
         decision = self.policy.decide(call.kind, call.name)
         if not decision.save:
-            self._reads(call.arrays)  # a recomputed op reads all its inputs again
+            if call.kind in _VIEWS:  # recomputed, it reads nothing: what reads the view reads what it views
+                keys = self._keys(call.arrays)
+                for o in (outputs if isinstance(outputs, tuple) else (outputs,)) if keys else ():
+                    view = getattr(o, "data", o)
+                    self.views[id(view)] = (view, keys)  # held, so its id stays its own until the forward ends
+            else:
+                self._reads(call.arrays)  # a recomputed op reads all its inputs again
             return
         outs = outputs if isinstance(outputs, tuple) else (outputs,)
         arrays = {}
@@ -232,8 +240,15 @@ class KeepByPolicy(SegmentObserver):
         self.arrays.update(arrays)
         observe.saved(self.kept[self.index], arrays)
 
+    def _keys(self, arrays) -> set:
+        """Keys of the kept outputs `arrays` are, or view."""
+        keys = set()
+        for a in arrays:
+            keys |= {self.outputs[id(a)]} if id(a) in self.outputs else self.views.get(id(a), (None, set()))[1]
+        return keys
+
     def _reads(self, arrays) -> None:
-        self.read.update(self.outputs[id(a)] for a in arrays if id(a) in self.outputs)
+        self.read.update(self._keys(arrays))
 
     def arrays_to_keep(self) -> dict:
         """The arrays the checkpoint entry must save: kept saves, and kept outputs a recomputed op reads (the others
@@ -246,6 +261,7 @@ class KeepByPolicy(SegmentObserver):
                     observe.released(kept, {key: self.arrays.pop(key)})
                     kept.outputs[i] = (tuple(a.shape), a.dtype)
         self.outputs.clear()
+        self.views.clear()
         return self.arrays
 
     def owners(self) -> dict:
