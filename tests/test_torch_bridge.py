@@ -44,16 +44,25 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_within_2_percent(plan, dropou
     idx = np.random.default_rng(0).integers(0, VOCAB, (B, T))
     step = tb.measure_step(torch_model, idx, idx)
     terms = step.like_for_like()
-    assert abs(terms["comparable"] / engine - 1) < 0.02, (plan, dropout, engine, terms)
+    if plan == "korthikanti_selective":
+        # selective checkpointing sees the aten ops inside the bridge's output-saving layer norm (an autograd
+        # Function: native_layer_norm's mean, the zero-weight test) and caches their outputs: within 0.1%
+        assert abs(terms["comparable"] - engine) <= 0.001 * engine, (plan, dropout, engine, terms)
+    else:  # to the byte, but for the loss's term where the peak is the forward's end (see test_saves_profiles)
+        assert terms["comparable"] == engine + (4 - B * T * 5 if spec is None else 0), (plan, dropout, engine, terms)
     # each adjustment is a measured term that exists only where its reason does
     assert (terms["noise"] > 0) == (dropout > 0)  # CPU dropout keeps float noise, 4 bytes an element
     assert terms["noise"] == 32 * terms["noise_masks"]
-    assert (terms["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective checkpointing caches
+    after_forward = step.like_for_like(at="after_forward")
+    assert (after_forward["dead_cache"] > 0) == (plan == "korthikanti_selective")  # only selective caches
     # ... and only it draws again the noise of a dropout its policy keeps
     assert (terms["regenerated"] > 0) == (plan == "korthikanti_selective" and dropout > 0)
-    assert (terms["with_masks"] > terms["peak"]) == (terms["regenerated"] > 0)
+    assert terms["comparable"] == (terms["held"] - terms["dead_cache"] - terms["stranded_cache"] - terms["entering"]
+                                   - terms["noise"] + terms["noise_masks"] + terms["regenerated"])
     if dropout == 0 and plan != "korthikanti_selective":
-        assert abs(step.peak / engine - 1) < 0.02  # raw, no adjustment needed
+        assert abs(step.peak / engine - 1) < 0.01  # raw, no adjustment needed
+    with pytest.raises(ValueError, match="like_for_like: at must be 'peak' or 'after_forward', got 'end'"):
+        step.like_for_like(at="end")
 
 
 def test_plans_change_memory_not_results():

@@ -191,9 +191,67 @@ class TorchGPT(_EngineWeights, torch.nn.Module):
 
 # ---- a Llama / Mixtral in PyTorch, named and shaped as this engine's nn.Llama -----------------------------------
 # Written from the published architecture (Hugging Face's modeling_llama / modeling_mixtral read for the facts:
-# rotate_half on the two halves, grouped key/value heads repeated per query head, softmax -> top-k -> renormalise,
-# experts in expert order added into zeros, the load-balancing loss), in the input dtype throughout (Hugging Face
-# computes RMSNorm and the router softmax in float32), so float64 runs compare to 1e-10.
+# rotate_half on the two halves, grouped key/value heads, softmax -> top-k -> renormalise, experts in expert order
+# added into zeros, the load-balancing loss), in the input dtype throughout (Hugging Face computes RMSNorm and the
+# router softmax in float32), so float64 runs compare to 1e-10. What autograd keeps is what a CUDA run keeps:
+# RMSNorm and rotary are one op each (torch.library custom ops), and k, v are never repeated per query head.
+@torch.library.custom_op("tinygrad_ckpt::rms_norm", mutates_args=())
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x·rstd·weight, rstd), rstd = 1/sqrt(mean(x²) + eps) per row: one op, as CUDA's fused kernel
+    (aten._fused_rms_norm); autograd keeps x, the weight and rstd, as its derivative formula does. CPU's own
+    rms_norm is composite and keeps x·rstd besides, B·T·d more per norm."""
+    rstd = torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return x * rstd * weight, rstd
+
+
+@rms_norm.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x), x.new_empty(x.shape[:-1] + (1,))
+
+
+def _rms_norm_keep(ctx, inputs, output):
+    x, weight, _ = inputs
+    ctx.save_for_backward(x, weight, output[1])
+
+
+def _rms_norm_backward(ctx, g, _g_rstd):
+    """dL/dw = Σ g·x̂, dL/dx = rstd·(ĝ - x̂·mean(ĝ·x̂)) with x̂ = x·rstd, ĝ = g·w."""
+    x, weight, rstd = ctx.saved_tensors
+    xhat, ghat = x * rstd, g * weight
+    gw = (g * xhat).sum(dim=tuple(range(g.dim() - 1)))
+    return rstd * (ghat - xhat * (ghat * xhat).mean(-1, keepdim=True)), gw, None
+
+
+rms_norm.register_autograd(_rms_norm_backward, setup_context=_rms_norm_keep)
+
+
+@torch.library.custom_op("tinygrad_ckpt::rotary", mutates_args=())
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x·cos + rotate_half(x)·sin (rotate_half([x₁, x₂]) = [-x₂, x₁]) as one op, as the engine's ops.Rotary;
+    autograd keeps cos and sin, as the composite form does (a rotation needs nothing of x)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+@rotary.register_fake
+def _(x, cos, sin):
+    return torch.empty_like(x)
+
+
+def _rotary_keep(ctx, inputs, output):
+    ctx.save_for_backward(inputs[1], inputs[2])
+
+
+def _rotary_backward(ctx, g):
+    """The rotation back: dL/dx = g·cos + [h₂, -h₁], h = g·sin."""
+    cos, sin = ctx.saved_tensors
+    h, half = g * sin, g.shape[-1] // 2
+    return g * cos + torch.cat((h[..., half:], -h[..., :half]), dim=-1), None, None
+
+
+rotary.register_autograd(_rotary_backward, setup_context=_rotary_keep)
+
+
 class TorchRMSNorm(torch.nn.Module):
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -201,15 +259,15 @@ class TorchRMSNorm(torch.nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
-
-
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+        return rms_norm(x, self.weight, self.eps)[0]
 
 
 class TorchLlamaAttention(torch.nn.Module):
+    """Grouped-query attention as the engine's (and FlashAttention's, with SDPA's enable_gqa): the H query heads
+    in Hkv groups of G, each group against its one key/value head (einsum folds G into the rows; nothing is
+    repeated). Hugging Face's eager attention repeats k and v to H heads first (repeat_kv), keeping
+    2·B·(H - Hkv)·T·hd more per layer."""
+
     def __init__(self, d_model: int, n_head: int, n_kv_head: int, dropout: float):
         super().__init__()
         hd = d_model // n_head
@@ -225,12 +283,12 @@ class TorchLlamaAttention(torch.nn.Module):
         q = self.q_proj(x).view(B, T, H, hd).transpose(1, 2)
         k = self.k_proj(x).view(B, T, Hkv, hd).transpose(1, 2)
         v = self.v_proj(x).view(B, T, Hkv, hd).transpose(1, 2)
-        q, k = q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)  # head h uses h // G
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(hd))
+        q, k = rotary(q, cos, sin).reshape(B, Hkv, H // Hkv, T, hd), rotary(k, cos, sin)  # head h: group h // G
+        att = torch.einsum("bkgtd,bksd->bkgts", q, k) * (1.0 / math.sqrt(hd))
         mask = torch.ones(T, T, dtype=torch.bool, device=x.device).triu_(1)
         att = F.dropout(F.softmax(att.masked_fill(mask, float("-inf")), dim=-1), self.dropout, self.training)
-        return self.o_proj((att @ v).transpose(1, 2).reshape(B, T, H * hd))
+        y = torch.einsum("bkgts,bksd->bkgtd", att, v).reshape(B, H, T, hd)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, H * hd))
 
 
 class TorchSwiGLU(torch.nn.Module):

@@ -11,10 +11,11 @@ decides save or recompute.
 
 `SavedBytes` counts what PyTorch holds for backward over the step, each storage once (by
 untyped_storage().data_ptr(), nbytes), from when it is kept until autograd lets it go: tensors packed by
-`torch.autograd.graph.saved_tensors_hooks` outside checkpointed segments; inside them, the tensors the replay
-rebuilds (held from the replay until backward reads them) and the outputs selective checkpointing caches in
-forward (held until the replay takes them). Parameters are not counted. This is the number to set beside the
-ledger's activation bytes; `measure_step` takes one forward and backward under it.
+`torch.autograd.graph.saved_tensors_hooks` outside checkpointed segments (a checkpoint's own inputs among
+them); inside them, the tensors the replay rebuilds (held from the replay until backward reads them) and the
+outputs selective checkpointing caches in forward (held until the replay takes them). Parameters are not
+counted. This is the number to set beside the ledger's activation bytes; `measure_step` takes one forward and
+backward under it, and `TorchStep.like_for_like` replays its log counting each storage as the engine would.
 
 The models it runs live in torch_bridge (TorchGPT, TorchLlama), any other model's blocks in torch_plans. It
 needs the optional extra `[torch]`.
@@ -53,10 +54,19 @@ def run_blocks(blocks, x, spec):
     if spec is None:
         return planner.no_checkpoint_plan(n).run(blocks, x, None)
     if isinstance(spec, Policy):
-        return planner.every_layer_plan(n).run(blocks, x, lambda chunk, x: torch_checkpoint.checkpoint(
-            _Region(chunk), x, use_reentrant=False, context_fn=lambda: selective_contexts(spec)))
+        return planner.every_layer_plan(n).run(blocks, x, lambda chunk, x: _checkpoint(
+            chunk, x, context_fn=lambda: selective_contexts(spec)))
     plan = planner.plan_for(n, spec, owner="TorchGPT")
-    return plan.run(blocks, x, lambda chunk, x: torch_checkpoint.checkpoint(_Region(chunk), x, use_reentrant=False))
+    return plan.run(blocks, x, _checkpoint)
+
+
+def _checkpoint(chunk: planner.Chunk, x, **options):
+    """torch.utils.checkpoint(use_reentrant=False) of the chunk's blocks. It saves its inputs as it enters (the
+    engine's checkpoint, as its forward ends): a meter notes which saves those are."""
+    meter = SavedBytes.active
+    if meter is not None:
+        meter.entering = True  # until the region's forward starts
+    return torch_checkpoint.checkpoint(_Region(chunk), x, use_reentrant=False, **options)
 
 
 class _Region:
@@ -73,14 +83,18 @@ class _Region:
             return self._run(x)
         if not replay:  # what selective checkpointing caches here and no replay takes back goes with the region
             self.cached, self.regenerated = [], []
+            meter.entering = False
+            meter.regions += 1
+            self.number = meter.regions
             weakref.finalize(self, meter.release_all, self.cached)
             weakref.finalize(self, meter.release_all, self.regenerated)
-        else:  # the replay draws the dropout noise again: the masks counted in its place are done
-            meter.release_all(self.regenerated)
         outer, meter.region = meter.region, self
         try:
             with meter.inside_region(replay):
-                return self._run(x)
+                out = self._run(x)
+            if not replay:
+                meter.log.append((None, "forward_done", self.number))  # a marker: this region's forward ended
+            return out
         finally:
             meter.region = outer
 
@@ -176,16 +190,25 @@ class _CacheObserver(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         cached = self.decide(None, func) == torch_checkpoint.CheckpointPolicy.MUST_SAVE
-        if cached:
+        kept_noise = func is aten.bernoulli_.float and self.keeps_dropout()
+        if kept_noise and self.replay and self.meter.region.regenerated:
+            # the replay draws this dropout's noise again (counted from here as PyTorch keeps it): the engine's
+            # mask counted in its place since the forward is done
+            self.meter.release(self.meter.region.regenerated.pop(0))
+        elif cached:
             for t in (out if isinstance(out, (tuple, list)) else (out,)):
                 if isinstance(t, torch.Tensor):
                     if self.replay:
                         self.meter.release_tensor(t, "cached")
                     else:
-                        self.meter.region.cached.append(self.meter.hold(t, "cached"))
-        elif not self.replay and func is aten.bernoulli_.float and self.keeps_dropout():
+                        key = self.meter.hold(t, "cached")
+                        self.meter.region.cached.append(key)
+                        if key is not None and self.meter._live[key[0]].how == "cached":
+                            self.meter._live[key[0]].region = self.meter.region.number
+        elif not self.replay and kept_noise:
             # dropout noise for a dropout the policy keeps: an in-place random op cannot be cached, so PyTorch
-            # regenerates it in the replay; the engine keeps it as a 1-byte mask (counted per holder only)
+            # regenerates it in the replay; the engine keeps a mask (counted per holder only, in bits; like_for_like
+            # sizes it)
             self.meter.region.regenerated.append(self.meter.hold_mask(args[0]))
         elif not self.replay and func not in _ALIASES and func is not aten.empty_like.default:
             # an op the replay will run again reads its inputs (a view or empty_like reads no data); noted in forward,
@@ -199,9 +222,10 @@ class _CacheObserver(TorchDispatchMode):
 # ---- the meter --------------------------------------------------------------------------------------------
 @dataclass
 class Kept:
-    """One storage PyTorch kept for backward: where (scoped module name), its dtype, shape, bytes, and how
-    (saved: by an autograd node outside checkpoints; recomputed: by a checkpoint replay; cached: by selective
-    checkpointing, from forward to the replay)."""
+    """One storage PyTorch kept for backward: where (scoped module name), its dtype, shape, bytes, and how its
+    first holder kept it (saved: an autograd node outside checkpoints; entered: a checkpoint, its input, as it
+    entered; recomputed: a checkpoint replay; cached: selective checkpointing, from forward to the replay;
+    regenerated: not PyTorch's, the mask the engine keeps where PyTorch draws dropout noise again)."""
 
     scope: str
     dtype: str
@@ -212,6 +236,9 @@ class Kept:
     ptr: int = 0
     noise: bool = False  # a dropout noise mask: floats that need no grad, each 0 or the same 1/(1-p)
     needed: bool = False  # an autograd node kept it or a replayed op read it (else: cached for nothing)
+    taken: bool = False  # cached, then handed back to the replay (else: held until the region goes)
+    region: int = 0  # cached: the number of the region whose cache held it
+    entered: int = 0  # a checkpoint's input: the number of the region it entered with it (the last, if nested)
 
     @property
     def layer(self) -> str:
@@ -223,23 +250,25 @@ class Kept:
 class SavedBytes:
     """Live bytes kept for backward, each storage counted once while any holder keeps it, and their peak.
 
-    A second count, `with_masks`, adds what the engine keeps where PyTorch keeps nothing: where selective
-    checkpointing regenerates the noise of a dropout the policy keeps (an in-place random op cannot be cached),
-    the engine keeps a mask of 1 bit per element (hold_mask). Each count notes what was live at its peak."""
+    Every holder taken or let go is logged, in order (`log`), so that TorchStep.like_for_like can replay the
+    step counting each storage as the engine would. The log also holds what the engine keeps where PyTorch
+    keeps nothing: where selective checkpointing regenerates the noise of a dropout the policy keeps (an
+    in-place random op cannot be cached), the engine keeps a mask (hold_mask; not in `live`)."""
 
     exclude: set = field(default_factory=set)  # storage pointers not to count (the parameters)
     live: int = 0
     peak: int = 0
     at_peak: list = field(default_factory=list)  # Kept records live at the peak
-    live_with_masks: int = 0
-    peak_with_masks: int = 0
-    at_peak_with_masks: list = field(default_factory=list)  # Kept records live at that peak
     after_forward: int = 0
+    forward_events: int = 0  # len(log) as the forward ended (forward_done)
     kept: list = field(default_factory=list)  # Kept, one per storage each time it starts being held
+    log: list = field(default_factory=list)  # (Kept, how, +1 or -1): a holder of that kind taken or let go;
+    # (None, "forward_done", n): the forward of region n has ended
+    regions: int = 0  # checkpointed regions numbered so far
+    entering: bool = False  # a checkpoint is saving its inputs (before its region's forward starts)
     _refs: dict = field(default_factory=lambda: defaultdict(int))  # (ptr, how) -> holders
     _live: dict = field(default_factory=dict)  # ptr -> Kept
-    _live_with_masks: dict = field(default_factory=dict)  # ptr (a mask: a negative number) -> Kept
-    _masks: int = 0  # masks counted in PyTorch's place (hold_mask)
+    _masks: dict = field(default_factory=dict)  # key (a negative number) -> Kept: masks held in PyTorch's place
 
     region: object = None  # the checkpointed region running now
     active = None  # class attribute: the meter measuring now (one at a time)
@@ -250,7 +279,7 @@ class SavedBytes:
         ptr, nbytes = storage.data_ptr(), storage.nbytes()
         if ptr in self.exclude or nbytes == 0:
             return None
-        if how == "saved":
+        if how in ("saved", "entered"):
             self.read(ptr)  # an autograd node keeps it: backward reads it
         if ptr not in self._live:
             record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(_local(t).shape), nbytes, how,
@@ -260,26 +289,25 @@ class SavedBytes:
             self.live += nbytes
             if self.live > self.peak:
                 self.peak, self.at_peak = self.live, list(self._live.values())
-            self._count_with_masks(record)
+        if how == "entered":
+            self._live[ptr].entered = self.regions + 1  # the region about to start
         self._refs[ptr, how] += 1
+        self.log.append((self._live[ptr], how, 1))
         return ptr, how
 
     def hold_mask(self, noise: torch.Tensor) -> tuple:
-        """Count, in `with_masks` only, the 1-bit-per-element mask the engine keeps where PyTorch regenerates
-        `noise` in the replay; returns the key to release it with."""
-        self._masks += 1
-        key = (-self._masks, "regenerated")
-        record = Kept(_current_scope(), "bits", tuple(noise.shape), -(-noise.numel() // 8), "regenerated", False,
-                      key[0])
+        """Log the mask the engine keeps where PyTorch regenerates `noise` in the replay (its size: that of
+        `noise`'s elements, as like_for_like counts masks); returns the key to release it with."""
+        key = (-len(self._masks) - 1, "regenerated")
+        record = Kept(_current_scope(), "mask", tuple(noise.shape), noise.numel(), "regenerated", False, key[0])
+        self._masks[key[0]] = record
         self._refs[key] += 1
-        self._count_with_masks(record)
+        self.log.append((record, "regenerated", 1))
         return key
 
-    def _count_with_masks(self, record: Kept) -> None:
-        self._live_with_masks[record.ptr] = record
-        self.live_with_masks += record.nbytes
-        if self.live_with_masks > self.peak_with_masks:
-            self.peak_with_masks, self.at_peak_with_masks = self.live_with_masks, list(self._live_with_masks.values())
+    def forward_done(self) -> None:
+        """Note where the forward ends (after_forward, and the log's length for like_for_like)."""
+        self.after_forward, self.forward_events = self.live, len(self.log)
 
     def read(self, ptr: int) -> None:
         """The storage at ptr is needed in backward (kept by a node, or read by a replayed op)."""
@@ -289,23 +317,21 @@ class SavedBytes:
     def release(self, key: tuple | None) -> None:
         if key is None:
             return
+        ptr, how = key
         self._refs[key] -= 1
+        self.log.append((self._masks[ptr] if how == "regenerated" else self._live[ptr], how, -1))
         if self._refs[key]:
             return
         del self._refs[key]
-        ptr = key[0]
-        if key[1] == "regenerated":
-            self.live_with_masks -= self._live_with_masks.pop(ptr).nbytes
-            return
-        if not any((ptr, how) in self._refs for how in ("saved", "recomputed", "cached")):
+        if how != "regenerated" and not any((ptr, h) in self._refs for h in _HOLDERS):
             self.live -= self._live.pop(ptr).nbytes
-            self.live_with_masks -= self._live_with_masks.pop(ptr).nbytes
 
     def release_tensor(self, t: torch.Tensor, how: str) -> None:
         """The cache handed t back to a replay: no longer held by it."""
         key = _local(t).untyped_storage().data_ptr(), how
         if key in self._refs and key in self.region.cached:
             self.region.cached.remove(key)
+            self._live[key[0]].taken = True
             self.release(key)
 
     def release_all(self, keys: list) -> None:
@@ -336,7 +362,7 @@ class SavedBytes:
     # checkpoint's hook below drops it (the slot learns at unpack which replayed tensor it stood for); inside a
     # replay the tensor is held until the forward's slot for it is read and let go
     def _pack(self, x):
-        return _Slot(self, x, self.hold(x, "saved"))
+        return _Slot(self, x, self.hold(x, "entered" if self.entering else "saved"))
 
     def inside_region(self, replay: bool):
         below = torch._C._autograd._top_saved_tensors_default_hooks(False)
@@ -345,11 +371,11 @@ class SavedBytes:
         pack_below, unpack_below = below
 
         def pack(x):
-            packed = pack_below(x)
-            if replay:
-                return _Slot(self, packed, self.hold(x, "recomputed"), owns=False)
+            if replay:  # held before the checkpoint's hook sees it: that hook stops the replay (raises) once the
+                key = self.hold(x, "recomputed")  # last tensor the forward saved is rebuilt, at that tensor
+                return _Slot(self, pack_below(x), key, owns=False)
             self.read(_local(x).untyped_storage().data_ptr())  # a node keeps it: a cached storage is needed
-            return _Slot(self, packed, None, below=unpack_below)
+            return _Slot(self, pack_below(x), None, below=unpack_below)
 
         return torch.autograd.graph.saved_tensors_hooks(pack, _Slot.unpack)
 
@@ -441,27 +467,111 @@ class TorchStep:
     def after_forward(self) -> int:
         return self.meter.after_forward
 
-    def like_for_like(self, masks: str = "bits") -> dict:
-        """PyTorch's peak made comparable with the engine's, term by term, each term measured at the peak of
-        the `with_masks` count: {"peak": distinct storages, "with_masks": ..., "regenerated": the 1-bit masks
-        counted where selective checkpointing regenerates dropout noise the engine's policy keeps,
-        "dead_cache": bytes selective checkpointing cached that no autograd node kept and no replayed op read
-        (outputs backward never needs, such as a Linear's before a residual add), "noise": float dropout noise
-        (CPU dropout keeps it at the value dtype, see _is_noise), "noise_masks": the same noise as the engine
-        keeps it: masks of 1 bit per element (masks="bits", the engine's own saves) or of 1 byte (masks="bytes",
-        PyTorch's CUDA dropout: the engine under saves_like("pytorch")), and "comparable": with_masks -
-        dead_cache - noise + noise_masks}."""
+    def like_for_like(self, masks: str = "bits", at: str = "peak") -> dict:
+        """PyTorch's step counted as the engine counts its own, term by term: the log replayed with each storage
+        at what the engine would hold for it, at the moment that count peaks (at="peak") or as the forward ends
+        (at="after_forward"). Each term is measured at that moment:
+
+        - "held": the bytes PyTorch held then (distinct storages); "peak": its own peak (or after_forward);
+        - "dead_cache": what selective checkpointing cached that no autograd node kept and no replayed op read
+          (outputs backward never needs, such as a Linear's before a residual add);
+        - "stranded_cache": what it cached that backward did need, held then by the cache alone and never handed
+          back (the replay stops after the last tensor the forward saved, before the ops that made these, so they
+          stay until the region goes: a block's output, needed by the next layer's norm, is one);
+        - "noise": float dropout noise (CPU dropout keeps it at the value dtype, see _is_noise), and
+          "noise_masks": the same as the engine keeps it, a mask;
+        - "regenerated": the masks the engine keeps where selective checkpointing regenerates the noise of a
+          dropout the policy keeps, from the forward until the replay draws it again;
+        - "comparable" = held - dead_cache - stranded_cache - noise + noise_masks + regenerated.
+
+        Masks are of 1 bit per element (masks="bits", the engine's own saves) or of 1 byte (masks="bytes",
+        PyTorch's CUDA dropout: the engine under saves_like("pytorch"))."""
         if masks not in ("bits", "bytes"):
             raise ValueError(f"like_for_like: masks must be 'bits' or 'bytes', got {masks!r}")
-        records = self.meter.at_peak_with_masks
-        noise = [k for k in records if k.noise]
-        per_mask = (lambda n: -(-n // 8)) if masks == "bits" else (lambda n: n)
-        out = {"peak": self.meter.peak, "with_masks": self.meter.peak_with_masks,
-               "regenerated": sum(k.nbytes for k in records if k.how == "regenerated"),
-               "dead_cache": sum(k.nbytes for k in records if k.how == "cached" and not k.needed),
-               "noise": sum(k.nbytes for k in noise),
-               "noise_masks": sum(per_mask(math.prod(k.shape)) for k in noise)}
-        out["comparable"] = out["with_masks"] - out["dead_cache"] - out["noise"] + out["noise_masks"]
+        if at not in ("peak", "after_forward"):
+            raise ValueError(f"like_for_like: at must be 'peak' or 'after_forward', got {at!r}")
+        mask_bytes = (lambda n: -(-n // 8)) if masks == "bits" else (lambda n: n)
+        log = self.meter.log if at == "peak" else self.meter.log[:self.meter.forward_events]
+        count, best, moment = _EngineCount(mask_bytes), 0, 0
+        for i, event in enumerate(log):
+            count.step(event)
+            if count.total > best or at == "after_forward":
+                best, moment = count.total, i + 1
+        count = _EngineCount(mask_bytes)
+        for event in log[:moment]:
+            count.step(event)
+        return {**count.terms(), "peak": self.meter.peak if at == "peak" else self.meter.after_forward}
+
+
+_HOLDERS = ("saved", "entered", "recomputed", "cached")  # the kinds of holder a storage can have (Kept.how)
+
+
+class _EngineCount:
+    """A SavedBytes log replayed, each storage counted as the engine would hold it (TorchStep.like_for_like): an
+    output selective checkpointing cached counts while its region's forward runs (the engine keeps a kept op's
+    outputs until then), and after it only if backward reads it and a holder other than the cache (or a replay
+    that takes it back) keeps it; dropout noise and the masks the engine keeps in its place count as masks."""
+
+    TERMS = ("held", "dead_cache", "stranded_cache", "entering", "noise", "noise_masks", "regenerated")
+
+    def __init__(self, mask_bytes):
+        self.mask_bytes = mask_bytes
+        self.holders: dict = defaultdict(lambda: defaultdict(int))  # id(Kept) -> {how: holders}
+        self.records: dict = {}  # id(Kept) -> Kept
+        self.by_region: dict = defaultdict(list)  # region number -> the Kept its cache held
+        self.done: set = set()  # regions whose forward has ended
+        self.total = 0  # what the engine would hold now
+
+    def term(self, k: Kept) -> str | None:
+        live = {how for how, n in self.holders[id(k)].items() if n}
+        if not live:
+            return None
+        if k.how == "regenerated":
+            return "regenerated"
+        if "entered" in live and k.entered not in self.done:  # the engine saves a checkpoint's input as it leaves
+            live.discard("entered")
+            if not live:
+                return "entering"
+        if k.how == "cached" and k.region in self.done:
+            if not k.needed:
+                return "dead_cache"
+            if not k.taken and live == {"cached"}:
+                return "stranded_cache"
+        return "noise" if k.noise else "held"
+
+    def counted(self, k: Kept) -> int:
+        t = self.term(k)
+        if t is None or t.endswith("_cache") or t == "entering":
+            return 0
+        return k.nbytes if t == "held" else self.mask_bytes(math.prod(k.shape))
+
+    def step(self, event: tuple) -> None:
+        k, how, delta = event
+        if k is None:  # region `delta`'s forward has ended: the engine lets go of what it does not keep
+            before = sum(self.counted(r) for r in self.by_region[delta])
+            self.done.add(delta)
+            self.total += sum(self.counted(r) for r in self.by_region[delta]) - before
+            return
+        if id(k) not in self.records:
+            self.records[id(k)] = k
+            if k.region:
+                self.by_region[k.region].append(k)
+        before = self.counted(k)
+        self.holders[id(k)][how] += delta
+        self.total += self.counted(k) - before
+
+    def terms(self) -> dict:
+        out = dict.fromkeys(self.TERMS, 0)
+        for k in self.records.values():
+            t = self.term(k)
+            if t == "regenerated":  # the engine's, not PyTorch's
+                out[t] += self.mask_bytes(math.prod(k.shape))
+            elif t is not None:
+                out["held"] += k.nbytes
+                out[t] += 0 if t == "held" else k.nbytes
+                out["noise_masks"] += self.mask_bytes(math.prod(k.shape)) if t == "noise" else 0
+        out["comparable"] = (out["held"] - out["dead_cache"] - out["stranded_cache"] - out["entering"]
+                             - out["noise"] + out["noise_masks"] + out["regenerated"])
         return out
 
 
@@ -476,7 +586,7 @@ def timed_step(meter: SavedBytes, step) -> tuple:
         t0 = time.perf_counter()
         with meter:
             loss = step()
-            meter.after_forward = meter.live
+            meter.forward_done()
             loss.backward()
         return loss, time.perf_counter() - t0
     finally:
