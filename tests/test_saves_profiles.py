@@ -24,7 +24,7 @@ def test_megatron_saves_korthikantis_table_2_to_the_byte(s, b, h, a):
     assert per_layer == sum(est.korthikanti_terms(s, b, h, a).values())  # sbh(34 + 5as/h), no term left
 
 
-@pytest.mark.parametrize("model", ["gpt", "llama"])
+@pytest.mark.parametrize("model", ["gpt", "llama", "mixtral"])
 def test_the_values_are_the_same_whichever_framework_saves(model):
     """The forward is bit for bit the same; the backward reads other saves (x̂ from the input or the output) and
     agrees to rounding."""
@@ -32,7 +32,8 @@ def test_the_values_are_the_same_whichever_framework_saves(model):
     for framework in ("engine", "pytorch", "megatron"):
         tg.manual_seed(0)
         m = (nn.GPT(64, 32, 2, 4, 32, dropout=0.1) if model == "gpt"
-             else nn.Llama(64, 32, 2, 4, 32, n_kv_head=2, ffn_hidden=48)).to(np.float64)
+             else nn.Llama(64, 32, 2, 4, 32, n_kv_head=2, ffn_hidden=48,
+                           n_experts=4 if model == "mixtral" else 0)).to(np.float64)
         tg.manual_seed(1)
         with tg.saves_like(framework):
             _, loss = m(IDX, IDX)
@@ -95,6 +96,32 @@ def test_pytorch_saves_what_pytorch_keeps(model, plan, dropout):
     assert (peak["regenerated"] > 0) == (plan == "selective" and dropout > 0 and model == "gpt")  # resid dropout
     if dropout == 0 and plan != "selective":  # no term but the loss's: the raw bytes agree within 1%
         assert abs(step.peak - led.peak_bytes("activation")) <= 0.01 * led.peak_bytes("activation")
+
+
+@pytest.mark.parametrize("plan", [None, "every_layer", 2, "selective"])
+def test_pytorch_saves_on_a_mixtral_what_hugging_faces_block_keeps(plan):
+    """A Mixtral block as Hugging Face writes it (softmax, topk, a division by the sum, per expert torch.where, an
+    indexed weight times the expert's output, index_add) against the engine's three MoE ops under
+    saves_like("pytorch"): to the byte after the forward and at the peak but for the loss's term. Under the
+    selective policy the cache also holds, while a block's forward runs, what the engine's one-op combine and
+    routing never make: the loop's E accumulators [N, d] (index_add out of place), its E masks chosen == e [N, k],
+    and topk's values before the division [N, k]."""
+    torch_bridge = pytest.importorskip("tinygrad_ckpt.torch_bridge", reason=TORCH_MISSING)
+    spec = tg.korthikanti_selective if plan == "selective" else plan
+    N, d, E, k = IDX.size, 64, 4, 2
+    tg.manual_seed(0)
+    engine = nn.Llama(64, 32, 2, 4, d, n_kv_head=2, ffn_hidden=48, n_experts=E, experts_per_token=k,
+                      checkpoint=spec)
+    with tg.saves_like("pytorch"), tg.Ledger() as led:
+        _, loss = engine(IDX, IDX)
+        after_forward = led.live_bytes("activation")
+        loss.backward()
+    step = torch_bridge.measure_step(torch_bridge.TorchLlama.from_engine(engine, checkpoint=spec), IDX, IDX)
+    loss_term = 4 - N * (4 + 1)
+    assert step.like_for_like(masks="bytes", at="after_forward")["comparable"] == after_forward + loss_term
+    loop = E * N * d * 4 + E * N * k + N * k * 4 if plan == "selective" else 0
+    peak = step.like_for_like(masks="bytes")["comparable"]
+    assert peak == led.peak_bytes("activation") + (loss_term if plan is None else 0) + loop
 
 
 def test_hugging_faces_eager_forms_keep_more_by_the_named_terms():

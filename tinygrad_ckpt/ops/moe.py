@@ -8,6 +8,12 @@
 
 So every token goes through its k experts only: expert e's linears run on its rows alone.
 
+Under saves_like("pytorch") the three ops keep, besides what their backward reads, what PyTorch's autograd keeps
+for Hugging Face's Mixtral block (softmax, topk, a division by the sum, per expert torch.where, an indexed weight
+times the expert's output, index_add): the [N, E] probabilities and the [N, 1] sum (routing), each choice's slot
+(dispatch: where's second column), and per expert the [n_e, 1] weights and the weighted output [n_e, d] that
+index_add keeps as its source (combine).
+
 Values decide the shapes here (how many tokens each expert takes). The shape-only meta backend has no values,
 so there every expert takes a balanced share: the N·k choices dealt round robin, expert e taking ⌈(N·k - e)/E⌉ of
 them (`balanced_indices`: token n's slot j goes to expert (n·k + j) mod E). A NumPy run can route that way too
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backend
+from .. import backend, state
 from ..backend import xp
 from ..function import Function
 from ._util import check_float, numel
@@ -73,9 +79,12 @@ class TopKRouting(Function):
                 raise ValueError(f"topk_routing: experts must be integers [{logits.shape[0]}, {k}], got "
                                  f"{list(experts.shape)} {experts.dtype}")
             indices = experts.astype(np.intp)  # a copy: the op's own
-        weights = xp().take_along_axis(p, indices, axis=1)
-        weights /= weights.sum(axis=1, keepdims=True)
+        chosen = xp().take_along_axis(p, indices, axis=1)
+        total = chosen.sum(axis=1, keepdims=True)
+        weights = chosen / total
         ctx.save(weights=weights, indices=indices)
+        if state.local.saves == "pytorch":  # softmax keeps its output, the division its divisor
+            ctx.save(probabilities=p, total=total)
         ctx.mark_non_differentiable(1)
         ctx.flops = (5 * numel(logits.shape), 4 * numel(weights.shape))
         return weights, indices
@@ -111,6 +120,8 @@ class Dispatch(Function):
         _check_picks("dispatch", picks, x.shape[0], k)
         ctx.k = k
         ctx.save(**{f"picks{e}": p for e, p in enumerate(picks)})
+        if state.local.saves == "pytorch":  # torch.where(chosen == e) gives (token, slot) in one buffer
+            ctx.save(**{f"slots{e}": p % k for e, p in enumerate(picks)})
         ctx.experts = len(picks)
         return tuple(x[p // k] for p in picks)
 
@@ -151,8 +162,13 @@ class Combine(Function):
             ctx.save(**{f"out{e}": y for e, y in enumerate(outputs)})
         out = xp().zeros((n, d), dtype=weights.dtype)
         flat = weights.reshape(-1)
-        for y, p in zip(outputs, picks):
-            out[p // k] += y * flat[p][:, None]
+        pytorch = state.local.saves == "pytorch"  # the indexed weights and index_add's source are kept
+        for e, (y, p) in enumerate(zip(outputs, picks)):
+            w = flat[p][:, None]
+            weighted = y * w
+            out[p // k] += weighted
+            if pytorch:
+                ctx.save(**{f"weight{e}": w, f"weighted{e}": weighted})
         ctx.flops = (2 * n * k * d, 4 * n * k * d)
         return out
 
