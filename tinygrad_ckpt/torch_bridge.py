@@ -73,38 +73,51 @@ class MLP(torch.nn.Module):
         return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
 
 
-class _OutputSavingLayerNorm(torch.autograd.Function):
-    """PyTorch's layer norm with the engine's saves: its output (the next linear keeps it anyway) and 1/std, x̂
-    recovered as (out - b)/w in backward (Apex's "memory efficient" layer norm keeps the same), so a plan's
-    saved bytes compare like for like. Columns whose weight is exactly 0 keep x̂ itself."""
+@torch.library.custom_op("tinygrad_ckpt::layer_norm", mutates_args=())
+def output_saving_layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                             eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PyTorch's layer norm with the engine's saves, one op: (out, 1/std, x̂ of the columns whose weight is exactly
+    0). Autograd keeps its output (the next linear keeps it anyway) and 1/std, x̂ recovered as (out - b)/w in
+    backward (Apex's "memory efficient" layer norm keeps the same), so a plan's saved bytes compare like for like;
+    the zero-weight columns keep x̂ itself."""
+    out, mean, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
+    zero = (weight == 0).nonzero().flatten()
+    return out, rstd, (x[..., zero] - mean) * rstd
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps):
-        out, _, rstd = aten.native_layer_norm(x, [x.shape[-1]], weight, bias, eps)
-        zero = (weight == 0).nonzero().flatten()
-        kept = ((x[..., zero] - x.mean(-1, keepdim=True)) * rstd,) if zero.numel() else ()
-        ctx.zero = zero
-        ctx.save_for_backward(out, rstd, weight, bias, *kept)
-        return out
 
-    @staticmethod
-    def backward(ctx, g):
-        out, rstd, weight, bias, *kept = ctx.saved_tensors
-        xhat = (out - bias) / torch.where(weight == 0, torch.ones_like(weight), weight)
-        if kept:
-            xhat[..., ctx.zero] = kept[0]
-        gw = (g * xhat).sum(dim=tuple(range(g.dim() - 1)))
-        gb = g.sum(dim=tuple(range(g.dim() - 1)))
-        ghat = g * weight
-        gx = rstd * (ghat - ghat.mean(-1, keepdim=True) - xhat * (ghat * xhat).mean(-1, keepdim=True))
-        return gx, gw, gb, None
+@output_saving_layer_norm.register_fake
+def _(x, weight, bias, eps):
+    zero = torch.library.get_ctx().new_dynamic_size()
+    return torch.empty_like(x), x.new_empty(x.shape[:-1] + (1,)), x.new_empty(x.shape[:-1] + (zero,))
+
+
+def _layer_norm_keep(ctx, inputs, output):
+    _, weight, bias, _ = inputs
+    out, rstd, kept = output
+    ctx.save_for_backward(out, rstd, weight, bias, *((kept,) if kept.shape[-1] else ()))
+
+
+def _layer_norm_backward(ctx, g, _g_rstd, _g_kept):
+    """dL/dw = Σ g·x̂, dL/db = Σ g, dL/dx = rstd·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) with ĝ = g·w."""
+    out, rstd, weight, bias, *kept = ctx.saved_tensors
+    xhat = (out - bias) / torch.where(weight == 0, torch.ones_like(weight), weight)
+    if kept:
+        xhat[..., (weight == 0).nonzero().flatten()] = kept[0]
+    gw = (g * xhat).sum(dim=tuple(range(g.dim() - 1)))
+    gb = g.sum(dim=tuple(range(g.dim() - 1)))
+    ghat = g * weight
+    gx = rstd * (ghat - ghat.mean(-1, keepdim=True) - xhat * (ghat * xhat).mean(-1, keepdim=True))
+    return gx, gw, gb, None
+
+
+output_saving_layer_norm.register_autograd(_layer_norm_backward, setup_context=_layer_norm_keep)
 
 
 class LayerNorm(torch.nn.LayerNorm):
     """torch.nn.LayerNorm that keeps its output and 1/std for backward, not its input (as nn.LayerNorm here)."""
 
     def forward(self, x):
-        return _OutputSavingLayerNorm.apply(x, self.weight, self.bias, self.eps)
+        return output_saving_layer_norm(x, self.weight, self.bias, self.eps)[0]
 
 
 _NORMS = {"engine": LayerNorm, "pytorch": torch.nn.LayerNorm}  # TorchGPT(saves=...)

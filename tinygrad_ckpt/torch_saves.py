@@ -518,7 +518,7 @@ class _EngineCount:
         self.mask_bytes = mask_bytes
         self.holders: dict = defaultdict(lambda: defaultdict(int))  # id(Kept) -> {how: holders}
         self.records: dict = {}  # id(Kept) -> Kept
-        self.by_region: dict = defaultdict(list)  # region number -> the Kept its cache held
+        self.by_region: dict = defaultdict(list)  # region number -> the Kept its cache held or it entered with
         self.done: set = set()  # regions whose forward has ended
         self.total = 0  # what the engine would hold now
 
@@ -554,8 +554,8 @@ class _EngineCount:
             return
         if id(k) not in self.records:
             self.records[id(k)] = k
-            if k.region:
-                self.by_region[k.region].append(k)
+            for region in {k.region, k.entered} - {0}:  # its count changes when that region's forward ends
+                self.by_region[region].append(k)
         before = self.counted(k)
         self.holders[id(k)][how] += delta
         self.total += self.counted(k) - before
