@@ -57,7 +57,7 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_like_for_like(plan, dropout):
                                    - terms["noise"] + terms["noise_masks"] + terms["regenerated"])
     if dropout == 0 and plan != "korthikanti_selective":
         assert abs(step.peak / engine - 1) < 0.01  # raw, no adjustment needed
-    with pytest.raises(ValueError, match="like_for_like: at must be 'peak' or 'after_forward', got 'end'"):
+    with pytest.raises(ValueError, match="at must be 'peak', 'forward', 'backward' or 'after_forward', got 'end'"):
         step.like_for_like(at="end")
 
 

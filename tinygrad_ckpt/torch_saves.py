@@ -469,10 +469,12 @@ class TorchStep:
 
     def like_for_like(self, masks: str = "bits", at: str = "peak") -> dict:
         """PyTorch's step counted as the engine counts its own, term by term: the log replayed with each storage
-        at what the engine would hold for it, at the moment that count peaks (at="peak") or as the forward ends
-        (at="after_forward"). Each term is measured at that moment:
+        at what the engine would hold for it, at the moment that count peaks over the step (at="peak"), over the
+        forward ("forward") or over what follows it ("backward"), or as the forward ends ("after_forward"). Each
+        term is measured at that moment:
 
-        - "held": the bytes PyTorch held then (distinct storages); "peak": its own peak (or after_forward);
+        - "held": the bytes PyTorch held then (distinct storages); "peak": PyTorch's own peak of the step (at
+          "after_forward": its bytes then);
         - "dead_cache": what selective checkpointing cached that no autograd node kept and no replayed op read
           (outputs backward never needs, such as a Linear's before a residual add);
         - "stranded_cache": what it cached that backward did need, held then by the cache alone and never handed
@@ -488,15 +490,17 @@ class TorchStep:
         PyTorch's CUDA dropout: the engine under saves_like("pytorch"))."""
         if masks not in ("bits", "bytes"):
             raise ValueError(f"like_for_like: masks must be 'bits' or 'bytes', got {masks!r}")
-        if at not in ("peak", "after_forward"):
-            raise ValueError(f"like_for_like: at must be 'peak' or 'after_forward', got {at!r}")
+        if at not in ("peak", "forward", "backward", "after_forward"):
+            raise ValueError(f"like_for_like: at must be 'peak', 'forward', 'backward' or 'after_forward', got {at!r}")
         mask_bytes = (lambda n: -(-n // 8)) if masks == "bits" else (lambda n: n)
-        log = self.meter.log if at == "peak" else self.meter.log[:self.meter.forward_events]
-        count, best, moment = _EngineCount(mask_bytes), 0, 0
-        for i, event in enumerate(log):
+        log, end = self.meter.log, self.meter.forward_events
+        window = {"peak": range(1, len(log) + 1), "forward": range(1, end + 1),
+                  "backward": range(end + 1, len(log) + 1), "after_forward": range(0)}[at]  # moments: events done
+        count, best, moment = _EngineCount(mask_bytes), -1, end if at == "after_forward" else 0
+        for i, event in enumerate(log[:window.stop - 1] if window else (), 1):
             count.step(event)
-            if count.total > best or at == "after_forward":
-                best, moment = count.total, i + 1
+            if i in window and count.total > best:
+                best, moment = count.total, i
         count = _EngineCount(mask_bytes)
         for event in log[:moment]:
             count.step(event)
