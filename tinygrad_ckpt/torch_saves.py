@@ -207,8 +207,7 @@ class _CacheObserver(TorchDispatchMode):
                             self.meter._live[key[0]].region = self.meter.region.number
         elif not self.replay and kept_noise:
             # dropout noise for a dropout the policy keeps: an in-place random op cannot be cached, so PyTorch
-            # regenerates it in the replay; the engine keeps a mask (counted per holder only, in bits; like_for_like
-            # sizes it)
+            # regenerates it in the replay; the engine keeps a mask (logged per holder; like_for_like sizes it)
             self.meter.region.regenerated.append(self.meter.hold_mask(args[0]))
         elif not self.replay and func not in _ALIASES and func is not aten.empty_like.default:
             # an op the replay will run again reads its inputs (a view or empty_like reads no data); noted in forward,
