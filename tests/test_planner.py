@@ -285,6 +285,7 @@ def test_binomial_length_replays_the_busiest_layer_exactly_r_times(snapshots, re
 # --- the planner against brute force ------------------------------------------------------------------
 
 
+@cache  # each sub-range's plans once (Segment and Plan are frozen, so plans may share their parts)
 def all_plans(i: int, j: int, depth: int) -> list[list[Segment]]:
     """Every segmentation of [i, j) with checkpoints nested at most ``depth`` deep (plain layers one by
     one, checkpoints whose replay is pointless included)."""
@@ -328,6 +329,7 @@ def test_plan_chain_is_optimal_against_brute_force(n, depth, costs):
         (result.peak_bytes, result.recompute_flops)
         for result in (simulate(costs, Plan(segments)) for segments in all_plans(0, n, depth))
     ]
+    all_plans.cache_clear()  # its hundreds of thousands of plans would slow every later garbage collection
     # depth n reaches every plan worth having, so the uncapped planner must match it too
     max_depth = None if depth == n else depth
     least = min(peak for peak, _ in outcomes)
