@@ -201,10 +201,7 @@ class _CacheObserver(TorchDispatchMode):
                     if self.replay:
                         self.meter.release_tensor(t, "cached")
                     else:
-                        key = self.meter.hold(t, "cached")
-                        self.meter.region.cached.append(key)
-                        if key is not None and self.meter._live[key[0]].how == "cached":
-                            self.meter._live[key[0]].region = self.meter.region.number
+                        self.meter.region.cached.append(self.meter.hold(t, "cached"))
         elif not self.replay and kept_noise:
             # dropout noise for a dropout the policy keeps: an in-place random op cannot be cached, so PyTorch
             # regenerates it in the replay; the engine keeps a mask (logged per holder; like_for_like sizes it)
@@ -282,7 +279,8 @@ class SavedBytes:
             self.read(ptr)  # an autograd node keeps it: backward reads it
         if ptr not in self._live:
             record = Kept(_current_scope(), str(t.dtype).removeprefix("torch."), tuple(_local(t).shape), nbytes, how,
-                          t.requires_grad, ptr, _is_noise(_local(t)), needed=how != "cached")
+                          t.requires_grad, ptr, _is_noise(_local(t)), needed=how != "cached",
+                          region=self.region.number if how == "cached" else 0)
             self._live[ptr] = record
             self.kept.append(record)
             self.live += nbytes
