@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, planner
-from tinygrad_ckpt.measure import layer_costs
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.scale.measure import layer_costs
 from tinygrad_ckpt.units import format_bytes
 
 
@@ -51,7 +52,7 @@ def measure(cfg, checkpoint):
 
 
 def layer_costs_of(base_led, every_led, cfg):
-    """Per-layer costs (tinygrad_ckpt.measure.layer_costs) and the bytes saved outside the blocks."""
+    """Per-layer costs (tinygrad_ckpt.scale.measure.layer_costs) and the bytes saved outside the blocks."""
     blocks = [f"transformer.h.{i}" for i in range(cfg["n_layer"])]
     costs = layer_costs(base_led, every_led, blocks, cfg["B"] * cfg["T"] * cfg["d"] * 4)
     outside = sum(v for k, v in base_led.saved_breakdown(by="layer").items() if k not in blocks)

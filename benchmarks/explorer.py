@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from tinygrad_ckpt.estimate import GPTShape
-from tinygrad_ckpt.measure import SteadyStep
+from tinygrad_ckpt.scale.estimate import GPTShape
+from tinygrad_ckpt.scale.measure import SteadyStep
 from tinygrad_ckpt.units import format_bytes
 
 REDRAW = """([zoom]) => {

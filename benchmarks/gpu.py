@@ -34,8 +34,8 @@ if ROOT not in sys.path:
 
 import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import backend, nn, optim  # noqa: E402
-from tinygrad_ckpt.ledger import Ledger  # noqa: E402
-from tinygrad_ckpt.measure import using_backend  # noqa: E402
+from tinygrad_ckpt.memory.ledger import Ledger  # noqa: E402
+from tinygrad_ckpt.scale.measure import using_backend  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 

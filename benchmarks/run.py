@@ -87,8 +87,8 @@ from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import ops as tgops  # noqa: E402
 from tinygrad_ckpt.backend import threads  # noqa: E402
 from tinygrad_ckpt.backend.erf import erf_float32, gelu_float32  # noqa: E402
-from tinygrad_ckpt.function import Context  # noqa: E402
-from tinygrad_ckpt.replay_check import Observations  # noqa: E402
+from tinygrad_ckpt.engine.function import Context  # noqa: E402
+from tinygrad_ckpt.recompute.replay_check import Observations  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 try:
@@ -489,7 +489,7 @@ def bench_ckpt(cfg, args) -> dict:
     if not out["replays"]:
         print("  ckpt: tg.checkpoint does not replay yet (no recompute FLOPs); section skipped", flush=True)
         return out
-    from tinygrad_ckpt import planner
+    from tinygrad_ckpt.recompute import planner
 
     plans = {"every_layer": L, "sqrt": sum(s.stop - s.start for s in
                                            planner.sequential_plan(L, sqrt_segments(L), last_plain=True).segments

@@ -27,8 +27,9 @@ import time
 import _common as C
 import numpy as np
 
-from tinygrad_ckpt import estimate, plots
-from tinygrad_ckpt.ledger import CATEGORIES
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.ledger import CATEGORIES
+from tinygrad_ckpt.scale import estimate
 
 SLUG = "01_where_memory_goes"
 

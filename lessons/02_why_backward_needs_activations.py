@@ -30,7 +30,7 @@ from scipy.special import erf
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
-from tinygrad_ckpt import plots
+from tinygrad_ckpt.memory import plots
 
 SLUG = "02_why_backward_needs_activations"
 

@@ -33,7 +33,9 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, estimate, nn, plots
+from tinygrad_ckpt import backend, nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.scale import estimate
 
 SLUG = "03_the_factor_of_12"
 

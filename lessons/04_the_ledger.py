@@ -32,7 +32,7 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import plots
+from tinygrad_ckpt.memory import plots
 
 SLUG = "04_the_ledger"
 

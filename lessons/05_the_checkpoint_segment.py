@@ -37,8 +37,9 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, nn, plots
-from tinygrad_ckpt.ledger import CATEGORIES
+from tinygrad_ckpt import backend, nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.ledger import CATEGORIES
 
 SLUG = "05_the_checkpoint_segment"
 DROPOUT_SEED = 1234  # the engine RNG is reset to this just before each forward: same dropout masks

@@ -38,10 +38,13 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import estimate, nn, planner, plots
-from tinygrad_ckpt.checkpoint_plans import run_plan
-from tinygrad_ckpt.measure import layer_costs
-from tinygrad_ckpt.planner import LayerCost, Plan
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.recompute.planner import LayerCost, Plan
+from tinygrad_ckpt.recompute.plans import run_plan
+from tinygrad_ckpt.scale import estimate
+from tinygrad_ckpt.scale.measure import layer_costs
 
 SLUG = "06_sqrt_n_and_beyond"
 

@@ -35,9 +35,11 @@ import numpy as np
 from matplotlib.ticker import FuncFormatter
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, estimate, nn, plots
-from tinygrad_ckpt.events import within
-from tinygrad_ckpt.policies import KeepByPolicy
+from tinygrad_ckpt import backend, nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.events import within
+from tinygrad_ckpt.recompute.policies import KeepByPolicy
+from tinygrad_ckpt.scale import estimate
 
 SLUG = "07_selective_recomputation"
 POLICIES = (("save_nothing", tg.save_nothing), ("save_matmuls", tg.save_matmuls),

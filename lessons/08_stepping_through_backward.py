@@ -33,9 +33,10 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, plots
-from tinygrad_ckpt.checkpoint import Checkpoint
-from tinygrad_ckpt.planner import Plan, Segment
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.recompute.checkpoint import Checkpoint
+from tinygrad_ckpt.recompute.planner import Plan, Segment
 
 SLUG = "08_stepping_through_backward"
 CHECKPOINT_WIDTH = 6.0  # the checkpoint entry's step is drawn this many steps wide in the figure

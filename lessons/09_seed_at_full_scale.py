@@ -50,10 +50,11 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import planner, plots
-from tinygrad_ckpt.ledger import CATEGORIES
-from tinygrad_ckpt.measure import SteadyStep, layer_costs
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.ledger import CATEGORIES
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import SteadyStep, layer_costs
 
 SLUG = "09_seed_at_full_scale"
 GB, GiB = 10**9, 2**30
@@ -113,7 +114,7 @@ class Run:
 
 
 class MetaTrainer:
-    """The seed's GPT for one set-up, one training step already taken (tinygrad_ckpt.measure.SteadyStep, the
+    """The seed's GPT for one set-up, one training step already taken (tinygrad_ckpt.scale.measure.SteadyStep, the
     same measurement as `tinygrad-ckpt estimate`): `measure(checkpoint)` runs one more step under a Ledger."""
 
     def __init__(self, shape: est.GPTShape, setup: Setup):

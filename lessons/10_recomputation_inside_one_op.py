@@ -43,7 +43,8 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, plots
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.memory import plots
 from tinygrad_ckpt.ops.attention import BLOCK_SIZE, blocks
 
 SLUG = "10_recomputation_inside_one_op"

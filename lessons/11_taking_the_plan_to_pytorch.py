@@ -44,9 +44,10 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import planner, plots
 from tinygrad_ckpt.backend import threads
-from tinygrad_ckpt.measure import layer_costs
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.scale.measure import layer_costs
 
 SLUG = "11_taking_the_plan_to_pytorch"
 

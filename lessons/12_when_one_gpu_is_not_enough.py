@@ -41,11 +41,12 @@ import numpy as np
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import plots, report
-from tinygrad_ckpt.ledger import CATEGORIES
-from tinygrad_ckpt.measure import ParallelStep
-from tinygrad_ckpt.parallel import Parallelism
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.ledger import CATEGORIES
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale import report
+from tinygrad_ckpt.scale.measure import ParallelStep
+from tinygrad_ckpt.scale.parallel import Parallelism
 
 SLUG = "12_when_one_gpu_is_not_enough"
 GB = 10**9

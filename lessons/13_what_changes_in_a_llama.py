@@ -36,10 +36,11 @@ import _common as C
 from matplotlib.patches import Patch
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import nn, plots
-from tinygrad_ckpt.events import within
-from tinygrad_ckpt.measure import SteadyStep
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.events import within
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import SteadyStep
 
 SLUG = "13_what_changes_in_a_llama"
 D, HEADS, T, B, VOCAB = 4096, 32, 2048, 1, 32000

@@ -33,11 +33,12 @@ from __future__ import annotations
 import _common as C
 from matplotlib.lines import Line2D
 
-from tinygrad_ckpt import cuda_allocator, devices, plots
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.measure import PRECISIONS, SteadyStep
-from tinygrad_ckpt.palette import CATEGORY_COLORS
-from tinygrad_ckpt.report import device_fit, gradient_peaks
+from tinygrad_ckpt.memory import cuda_allocator, plots
+from tinygrad_ckpt.memory.palette import CATEGORY_COLORS
+from tinygrad_ckpt.scale import devices
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import PRECISIONS, SteadyStep
+from tinygrad_ckpt.scale.report import device_fit, gradient_peaks
 
 SLUG = "14_from_the_ledger_to_your_gpu"
 MODEL, BATCH, SEQ = "gpt2-xl", 16, 1024

@@ -9,7 +9,7 @@ did not write, on one process and split over two.
 What this lesson adds: lesson 11 took the plans to a PyTorch GPT written by this engine (its names, its layer
 norm). Here the models are yours: a GPT in nanoGPT's layout and a model in Hugging Face's Llama layout, written
 below with stock PyTorch (F.layer_norm, F.rms_norm, SiLU, fused scaled_dot_product_attention), no engine names.
-tinygrad_ckpt.torch_plans finds their blocks, names their ops by module path, applies the engine's plans and
+tinygrad_ckpt.torch_bridge.plans finds their blocks, names their ops by module path, applies the engine's plans and
 policies, and measures per layer what PyTorch keeps, to set beside the engine's ledger of the same model; on two
 processes, per rank, beside the engine's per-device estimate.
 
@@ -44,10 +44,11 @@ import _common as C
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import planner, plots
-from tinygrad_ckpt.estimate import GPTShape
-from tinygrad_ckpt.figures import lessons_dir
-from tinygrad_ckpt.measure import layer_costs
+from tinygrad_ckpt.app.figures import lessons_dir
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.scale.estimate import GPTShape
+from tinygrad_ckpt.scale.measure import layer_costs
 
 SLUG = "15_your_own_model"
 _MODELS = {}
@@ -210,9 +211,9 @@ def main(quick: bool = False, out: str | None = None) -> dict:
     try:
         import torch
 
-        from tinygrad_ckpt import torch_dist as td
-        from tinygrad_ckpt import torch_plans as tp
-        from tinygrad_ckpt import torch_weights as tw
+        from tinygrad_ckpt.torch_bridge import dist as td
+        from tinygrad_ckpt.torch_bridge import plans as tp
+        from tinygrad_ckpt.torch_bridge import weights as tw
     except ImportError as exc:
         return C.without_torch(exc)
 

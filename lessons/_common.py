@@ -1,6 +1,6 @@
 """Helpers shared by the lessons: the command line, a seeded token batch, one measured training step,
 and small printing aids. Lessons import it as `import _common` (their own folder is on sys.path when
-run as scripts; tinygrad_ckpt.figures puts it there when it loads them)."""
+run as scripts; tinygrad_ckpt.app.figures puts it there when it loads them)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ __all__ = ["cli", "claim", "output_folder", "fresh", "token_batch", "make_gpt", 
 import numpy as np  # noqa: E402
 
 from tinygrad_ckpt import nn, optim  # noqa: E402
-from tinygrad_ckpt.events import within  # noqa: E402
-from tinygrad_ckpt.figures import output_folder  # noqa: E402
+from tinygrad_ckpt.app.figures import output_folder  # noqa: E402
+from tinygrad_ckpt.memory.events import within  # noqa: E402
 from tinygrad_ckpt.units import format_bytes  # noqa: E402
 
 

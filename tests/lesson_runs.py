@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pathlib
 
-from tinygrad_ckpt import figures
+from tinygrad_ckpt.app import figures
 
 LESSONS = pathlib.Path(__file__).resolve().parent.parent / "lessons"
 

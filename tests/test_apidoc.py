@@ -7,7 +7,7 @@ import re
 import types
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import apidoc
+from tinygrad_ckpt.app import apidoc
 
 README = pathlib.Path(apidoc.api_path()).parent.parent / "README.md"
 
@@ -16,7 +16,7 @@ def test_api_md_is_up_to_date():
     path = apidoc.api_path()
     assert path.is_file() and path.read_text() == apidoc.render(), (
         "docs/api.md is not what the docstrings say now: run `tinygrad-ckpt api-docs` (or "
-        "`python -m tinygrad_ckpt.apidoc`) and commit docs/api.md")
+        "`python -m tinygrad_ckpt.app.apidoc`) and commit docs/api.md")
 
 
 def test_every_export_and_the_ledger_methods_are_documented():
@@ -53,7 +53,7 @@ def test_readme_timeline_snippet_runs(tmp_path, monkeypatch):
 
 
 def test_the_command_writes_the_page(tmp_path, monkeypatch, capsys):
-    from tinygrad_ckpt import cli
+    from tinygrad_ckpt.app import cli
 
     monkeypatch.setattr(apidoc, "api_path", lambda: tmp_path / "docs" / "api.md")
     assert cli.main(["api-docs"]) == 0

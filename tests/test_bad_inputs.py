@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import cli, nn, optim, state
 from tinygrad_ckpt import functional as F
+from tinygrad_ckpt import nn, optim, state
+from tinygrad_ckpt.app import cli
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ def test_dropout_keeps_one_bit_per_element(rng):
 
 def test_block_saves_match_the_engine_terms_with_packed_masks():
     """A dropout block: no x̂ anywhere, each mask 1 bit per element, the whole equal to estimate's terms."""
-    from tinygrad_ckpt import estimate
+    from tinygrad_ckpt.scale import estimate
 
     B, T, d, H = 2, 8, 16, 2
     tg.manual_seed(0)

@@ -7,7 +7,8 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
-from tinygrad_ckpt import nn, planner
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.recompute import planner
 
 
 def gpt_grads(spec, dropout=0.1, n_layer=4, ledger=False):
@@ -261,7 +262,7 @@ def test_a_one_bit_difference_in_a_save_is_caught():
     y = tg.checkpoint(nudged, x)
     with pytest.raises(tg.CheckpointError, match=r"diverged at op 'mul' \(mul\): saved 'b' \[1000000\] float64"):
         y.sum().backward()
-    from tinygrad_ckpt.replay_check import checksum as _checksum
+    from tinygrad_ckpt.recompute.replay_check import checksum as _checksum
     assert _checksum(np.zeros(3), np) != _checksum(np.array([0.0, -0.0, 0.0]), np)
     assert _checksum(np.arange(5, dtype=np.float32), np) == _checksum(np.arange(5, dtype=np.float32), np)  # 20 bytes
     base = np.arange(24, dtype=np.float32).reshape(2, 3, 4)
@@ -287,8 +288,8 @@ def test_a_drift_the_output_sample_misses_is_caught_at_the_next_save():
 
 
 def test_saved_views_are_fingerprinted_by_their_buffer_and_views_are_not_sampled(monkeypatch):
-    from tinygrad_ckpt.replay_check import Observations
-    from tinygrad_ckpt.replay_check import checksum as _checksum
+    from tinygrad_ckpt.recompute.replay_check import Observations
+    from tinygrad_ckpt.recompute.replay_check import checksum as _checksum
 
     qkv = np.arange(2 * 4 * 12, dtype=np.float32).reshape(2, 4, 12)
     q, k, v = qkv[..., :4], qkv[..., 4:8].swapaxes(-1, -2), qkv[..., 8:]
@@ -297,7 +298,7 @@ def test_saved_views_are_fingerprinted_by_their_buffer_and_views_are_not_sampled
     big = np.arange(1000, dtype=np.float32)
     assert prints.full(big[:10]) == _checksum(big[:10], np)  # a small part of a big buffer: read alone
     sampled = []  # the arrays whose bits a sample reads
-    module = sys.modules["tinygrad_ckpt.replay_check"]
+    module = sys.modules["tinygrad_ckpt.recompute.replay_check"]
     monkeypatch.setattr(module, "checksum", lambda a, xp, sample=False: (sampled.append(a) if sample else None)
                         or _checksum(a, xp, sample))
     y = tg.checkpoint(lambda a: (a.transpose(1, 0) * 2.0).reshape(15), tg.Tensor(np.ones((3, 5)), requires_grad=True))
@@ -378,7 +379,7 @@ def test_a_kept_output_only_a_recomputed_view_reads_is_let_go():
     too, is let go after the forward. In a Llama block under korthikanti_selective q and k reach the (kept)
     rotary op only through views, so q_proj's and k_proj's outputs go, while v_proj's stays: the recomputed
     attention core reads it through its views. Gradients stay bit-identical to the plain run."""
-    from tinygrad_ckpt.measure import saved_after_forward
+    from tinygrad_ckpt.scale.measure import saved_after_forward
 
     idx = np.random.default_rng(0).integers(0, 64, (2, 16))
 

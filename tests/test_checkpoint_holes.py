@@ -9,9 +9,9 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.checkpoint_plans import run_plan
-from tinygrad_ckpt.planner import every_layer_plan
-from tinygrad_ckpt.policies import as_policy
+from tinygrad_ckpt.recompute.planner import every_layer_plan
+from tinygrad_ckpt.recompute.plans import run_plan
+from tinygrad_ckpt.recompute.policies import as_policy
 
 
 def test_a_replay_reading_a_weight_the_optimizer_changed_raises_as_the_plain_graph_does():

@@ -1,5 +1,5 @@
 """The `tinygrad-ckpt` command: `estimate` measures a training step on the meta backend, `figures`
-delegates to tinygrad_ckpt.figures, `--help` lists both."""
+delegates to tinygrad_ckpt.app.figures, `--help` lists both."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ import types
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, cli, report
-from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt import backend
+from tinygrad_ckpt.app import cli
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale import report
 
 SMALL = ["estimate", "--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "2",
          "--vocab", "50", "--dtype", "float32"]
@@ -100,15 +102,15 @@ def test_bad_arguments_exit_with_usage(capsys):
 
 def test_figures_delegates(monkeypatch):
     calls = []
-    fake = types.ModuleType("tinygrad_ckpt.figures")
+    fake = types.ModuleType("tinygrad_ckpt.app.figures")
     fake.run = lambda **kwargs: calls.append(kwargs)
-    monkeypatch.setitem(sys.modules, "tinygrad_ckpt.figures", fake)
-    monkeypatch.setattr(tg, "figures", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "tinygrad_ckpt.app.figures", fake)
+    monkeypatch.setattr(tg.app, "figures", fake, raising=False)
     assert cli.main(["figures", "--quick", "--only", "03", "--out", "x"]) == 0
     assert calls == [{"quick": True, "only": ["03"], "out": "x", "verbose": False}]
     assert cli.main(["figures"]) == 0
     assert calls[-1] == {"quick": False, "only": None, "out": None, "verbose": False}
-    assert cli.main(["figures", "--verbose"]) == 0  # the flag the README names (python -m tinygrad_ckpt.figures too)
+    assert cli.main(["figures", "--verbose"]) == 0  # the flag the README names (python -m ...app.figures too)
     assert calls[-1]["verbose"] is True
 
 
@@ -124,7 +126,7 @@ def test_figures_out_that_cannot_be_made_is_one_line(tmp_path, capsys):
 @pytest.mark.parametrize("command", ["figures", "notebooks", "api-docs"])
 def test_without_the_repository_a_command_says_so_in_one_line(command, tmp_path, monkeypatch, capsys):
     """A wheel install has the package and no lessons/ or docs/ beside it: one line, exit 1, nothing written."""
-    from tinygrad_ckpt import figures
+    from tinygrad_ckpt.app import figures
 
     site = tmp_path / "site-packages"
     site.mkdir()
@@ -140,7 +142,7 @@ def test_a_missing_cupy_says_how_to_install_it():
     """TINYGRAD_CKPT_BACKEND=cupy without CuPy: importing the package still works (the backend is made on first
     use), the CLI says so in one line and exits 2, and an op says it with an ImportError."""
     env = {**os.environ, "TINYGRAD_CKPT_BACKEND": "cupy"}
-    done = subprocess.run([sys.executable, "-m", "tinygrad_ckpt.cli", "estimate", "--layers", "2"], env=env,
+    done = subprocess.run([sys.executable, "-m", "tinygrad_ckpt.app.cli", "estimate", "--layers", "2"], env=env,
                           capture_output=True, text=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr == ('tinygrad-ckpt: error: the "cupy" backend needs CuPy, which is not installed: pip install '

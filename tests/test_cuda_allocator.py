@@ -19,7 +19,7 @@ from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.cuda_allocator import (
+from tinygrad_ckpt.memory.cuda_allocator import (
     BASE_ADDRESS,
     MIN_BLOCK_SIZE,
     AllocatorOutOfMemory,
@@ -398,8 +398,8 @@ def test_a_gpt_step_replayed_reserves_at_least_what_it_allocates(gpt_step):
 def test_a_gpt2_shaped_step_on_meta():
     """GPT-2 small's layer shape on the meta backend: megabyte activations use the large pool, where a reused
     block may be up to 1 MiB larger than its rounded request; expandable segments reserve less."""
-    from tinygrad_ckpt.estimate import GPTShape
-    from tinygrad_ckpt.measure import SteadyStep
+    from tinygrad_ckpt.scale.estimate import GPTShape
+    from tinygrad_ckpt.scale.measure import SteadyStep
 
     led, _ = SteadyStep(GPTShape(n_layer=2, d_model=768, n_head=12, seq_len=1024, batch=2)).measure(None)
     events = led.events

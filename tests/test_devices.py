@@ -3,7 +3,7 @@ names people write for them."""
 
 import pytest
 
-from tinygrad_ckpt.devices import CUDA_OVERHEAD, DEVICES, Device, parse_gpu, usable_bytes
+from tinygrad_ckpt.scale.devices import CUDA_OVERHEAD, DEVICES, Device, parse_gpu, usable_bytes
 
 MiB, GiB = 2**20, 2**30
 

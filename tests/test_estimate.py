@@ -1,12 +1,12 @@
-"""Hand-computed checks for tinygrad_ckpt.estimate (arithmetic written out)."""
+"""Hand-computed checks for tinygrad_ckpt.scale.estimate (arithmetic written out)."""
 
 import math
 
 import numpy as np
 import pytest
 
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.estimate import GPTShape
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.estimate import GPTShape
 from tinygrad_ckpt.units import format_bytes
 
 

@@ -9,10 +9,11 @@ import json
 
 import pytest
 
-from tinygrad_ckpt import cli, devices
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.measure import ParallelStep, in_flight, pipeline_schedule, saved_after_forward
-from tinygrad_ckpt.parallel import Parallelism
+from tinygrad_ckpt.app import cli
+from tinygrad_ckpt.scale import devices
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import ParallelStep, in_flight, pipeline_schedule, saved_after_forward
+from tinygrad_ckpt.scale.parallel import Parallelism
 
 TINY = ["--layers", "2", "--d-model", "64", "--heads", "4", "--seq", "32", "--batch", "2", "--vocab", "64"]
 
@@ -216,9 +217,9 @@ def test_the_reserved_peak_is_the_runs_whatever_else_the_process_holds():
     import numpy as np
 
     import tinygrad_ckpt as tg
-    from tinygrad_ckpt import report
-    from tinygrad_ckpt.estimate import GPTShape
-    from tinygrad_ckpt.measure import SteadyStep, using_backend
+    from tinygrad_ckpt.scale import report
+    from tinygrad_ckpt.scale.estimate import GPTShape
+    from tinygrad_ckpt.scale.measure import SteadyStep, using_backend
 
     shape = GPTShape(n_layer=2, d_model=256, n_head=4, seq_len=128, batch=2, vocab_size=512)
     alone = SteadyStep(shape).measure()[0]

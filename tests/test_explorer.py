@@ -11,8 +11,10 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import cli, explorer, nn
-from tinygrad_ckpt.ledger import CATEGORIES
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.app import cli
+from tinygrad_ckpt.memory import explorer
+from tinygrad_ckpt.memory.ledger import CATEGORIES
 
 
 def forward_backward(checkpoint=None, n_layer=2, seq=16, batch=2):
@@ -126,7 +128,7 @@ def test_cli_explore_bad_arguments_exit_2(tmp_path, capsys):
 
 
 def test_the_page_knows_every_category_and_phase_in_the_ledgers_order():
-    from tinygrad_ckpt import ledger
+    from tinygrad_ckpt.memory import ledger
 
     assert explorer.CATEGORIES == ledger.CATEGORIES and explorer.PHASES == ledger.PHASES
 

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from test_explorer import forward_backward
 
-from tinygrad_ckpt import figures
-from tinygrad_ckpt.palette import CATEGORY_COLORS
+from tinygrad_ckpt.app import figures
+from tinygrad_ckpt.memory.palette import CATEGORY_COLORS
 
 CHROMIUM = os.environ.get("TINYGRAD_CKPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -12,7 +12,7 @@ import pytest
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.ledger import numpy_traced_bytes
+from tinygrad_ckpt.memory.ledger import numpy_traced_bytes
 
 
 def tiny_gpt(seed=0, dropout=0.0, checkpoint=None, n_layer=2):

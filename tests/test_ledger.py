@@ -9,7 +9,7 @@ import pytest
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.ledger import CATEGORIES, numpy_traced_bytes
+from tinygrad_ckpt.memory.ledger import CATEGORIES, numpy_traced_bytes
 
 
 def tiny_gpt(n_layer=2, d=32, T=16, vocab=64, **kw):

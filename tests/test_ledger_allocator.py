@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import cuda_allocator, explorer, nn, optim
-from tinygrad_ckpt.cuda_allocator import MiB
+from tinygrad_ckpt import nn, optim
+from tinygrad_ckpt.memory import cuda_allocator, explorer
+from tinygrad_ckpt.memory.cuda_allocator import MiB
 
 V, T = 64, 64
 IDX = np.random.default_rng(0).integers(0, V, (16, T))  # d = 256: the MLP's [16, 64, 1024] float32 is 4 MiB, a large

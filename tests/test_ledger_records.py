@@ -15,7 +15,7 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import nn, optim
-from tinygrad_ckpt.ledger import CATEGORIES
+from tinygrad_ckpt.memory.ledger import CATEGORIES
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -98,9 +98,9 @@ FORBIDDEN = [
     (r"""indexOf\(\s*["']:""", "searches a name for ':' (JavaScript)"),
 ]
 ALLOWED = {  # file -> patterns it may use, and why
-    "tinygrad_ckpt/events.py": {r"""\blayer_of\("""},  # defines it
-    "tinygrad_ckpt/ledger.py": {r"""\blayer_of\("""},  # calls it once per origin, from a path
-    "tinygrad_ckpt/torch_saves.py": {r"""\blayer_of\("""},  # the layer of a PyTorch module's path, as the ledger's
+    "tinygrad_ckpt/memory/events.py": {r"""\blayer_of\("""},  # defines it
+    "tinygrad_ckpt/memory/ledger.py": {r"""\blayer_of\("""},  # calls it once per origin, from a path
+    "tinygrad_ckpt/torch_bridge/saves.py": {r"""\blayer_of\("""},  # the layer of a PyTorch module's path, as the ledger's
 }
 
 
@@ -119,7 +119,7 @@ def name_parsing(path: pathlib.Path, text: str) -> list[str]:
 
 
 def sources():
-    for folder, pattern in (("tinygrad_ckpt", "**/*.py"), ("tinygrad_ckpt", "*.html"), ("lessons", "*.py"),
+    for folder, pattern in (("tinygrad_ckpt", "**/*.py"), ("tinygrad_ckpt", "**/*.html"), ("lessons", "*.py"),
                             ("benchmarks", "*.py")):
         yield from sorted((ROOT / folder).glob(pattern))
 

@@ -9,7 +9,7 @@ import pathlib
 import lesson_runs
 import pytest
 
-from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt.scale import estimate as est
 
 STEM = "09_seed_at_full_scale"
 GiB = 2**30

@@ -6,7 +6,7 @@ from __future__ import annotations
 import lesson_runs
 import pytest
 
-from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt.scale import estimate as est
 
 STEM = "13_what_changes_in_a_llama"
 

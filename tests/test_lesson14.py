@@ -6,8 +6,8 @@ from __future__ import annotations
 import lesson_runs
 import pytest
 
-from tinygrad_ckpt import devices
-from tinygrad_ckpt import estimate as est
+from tinygrad_ckpt.scale import devices
+from tinygrad_ckpt.scale import estimate as est
 
 STEM = "14_from_the_ledger_to_your_gpu"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinygrad_ckpt import figures
+from tinygrad_ckpt.app import figures
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = figures.discover()
@@ -56,7 +56,7 @@ def test_a_quick_figures_run_leaves_git_status_clean(tmp_path):
                               capture_output=True, text=True, check=True).stdout
 
     before = status()
-    command = [sys.executable, "-m", "tinygrad_ckpt.cli", "figures", "--quick", "--only", "02", "08"]
+    command = [sys.executable, "-m", "tinygrad_ckpt.app.cli", "figures", "--quick", "--only", "02", "08"]
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert status() == before

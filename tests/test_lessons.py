@@ -1,6 +1,6 @@
 """Lessons 01-04 run in quick mode, write their figures, and the claims they print hold in the
 numbers they return. Each lesson runs once per session (a module fixture) and the tests read its
-result; tinygrad_ckpt.figures is tested on the way (discovery, selection, loading by path)."""
+result; tinygrad_ckpt.app.figures is tested on the way (discovery, selection, loading by path)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tinygrad_ckpt import estimate, figures
+from tinygrad_ckpt.app import figures
+from tinygrad_ckpt.scale import estimate
 
 LESSONS = {
     1: "01_where_memory_goes",

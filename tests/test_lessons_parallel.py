@@ -8,8 +8,8 @@ import pathlib
 import pytest
 from needs import TORCH_MISSING
 
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt import figures
+from tinygrad_ckpt.app import figures
+from tinygrad_ckpt.scale import estimate as est
 
 GB = 10**9
 
@@ -96,7 +96,7 @@ def test_lesson_15_plans_your_own_model(tmp_path):
     assert all(ok for _, ok, _ in llama.values())  # gradients bit-identical under every plan
     assert all(llama[k][0] < llama["none"][0] for k in llama if k != "none")
     assert llama["korthikanti_selective"][0] < llama["none"][0]  # the core found by its name, self_attn
-    from tinygrad_ckpt import torch_dist as td
+    from tinygrad_ckpt.torch_bridge import dist as td
 
     if td.availability() is None:
         for label, run in r["tp"].items():

@@ -14,10 +14,11 @@ import pytest
 from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, nn, optim, planner
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.measure import estimate_step, layer_costs
-from tinygrad_ckpt.policies import korthikanti_selective
+from tinygrad_ckpt import backend, nn, optim
+from tinygrad_ckpt.recompute import planner
+from tinygrad_ckpt.recompute.policies import korthikanti_selective
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import estimate_step, layer_costs
 
 V, BLOCK, L, H, D = 61, 16, 3, 4, 32
 MODELS = {  # name: nn.Llama keyword arguments

@@ -12,7 +12,8 @@ from helpers import train_step
 from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import memory_viz, nn, optim
+from tinygrad_ckpt import nn, optim
+from tinygrad_ckpt.memory import memory_viz
 
 mv = pytest.importorskip("torch.cuda._memory_viz", reason=TORCH_MISSING)
 

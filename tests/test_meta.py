@@ -363,7 +363,7 @@ def _train(backend_name, *, steps=2, dropout=0.0, opt="adamw", checkpoint=None, 
 def _policy(name):
     import importlib
 
-    return getattr(importlib.import_module("tinygrad_ckpt.policies"), name)
+    return getattr(importlib.import_module("tinygrad_ckpt.recompute.policies"), name)
 
 
 CONFIGS = {

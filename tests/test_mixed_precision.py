@@ -201,7 +201,7 @@ def test_a_main_gradient_accumulates_in_float32_for_a_half_parameter():
 @pytest.mark.parametrize("precision, weights, grads, states", [
     ("fp32", 4, 4, 8), ("bf16", 2, 2, 8), ("amp-bf16", 4, 4, 8), ("mixed-bf16", 2, 4, 12), ("mixed-fp16", 2, 4, 12)])
 def test_each_precision_holds_its_bytes_a_parameter(precision, weights, grads, states):
-    from tinygrad_ckpt import estimate, measure
+    from tinygrad_ckpt.scale import estimate, measure
 
     shape = estimate.GPTShape(n_layer=2, d_model=64, n_head=4, seq_len=16, batch=2, vocab_size=100)
     step = measure.SteadyStep(shape, precision=precision, backend_name="numpy")
@@ -242,7 +242,7 @@ def test_a_llama_trains_under_autocast_its_rotary_table_in_the_activations_dtype
     """q and k come out of autocast's matmuls in bfloat16 while the model's rotary table is float32: the table is
     used in their dtype (as Hugging Face's rotary embedding gives cos and sin), so a Llama runs AMP, on NumPy
     within bfloat16 tolerance of its float32 loss, and on the meta backend (estimate --precision amp-bf16)."""
-    from tinygrad_ckpt.measure import using_backend
+    from tinygrad_ckpt.scale.measure import using_backend
 
     with using_backend(backend_name):
         tg.manual_seed(0)

@@ -8,7 +8,8 @@ import pytest
 from helpers import tiny_batch, tiny_gpt
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import estimate, nn
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.scale import estimate
 
 BLOCK_PARAMS = [  # (suffix, shape as a function of d)
     ("ln_1.weight", lambda d: (d,)),

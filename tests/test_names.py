@@ -93,7 +93,7 @@ def test_replay_leaves_are_named_after_the_arguments():
     lambda: nn.Linear(2, 3),
     lambda: tg.Ledger(),
     lambda: tg.save_matmuls,
-    lambda: tg.tape._Gradients(None),
+    lambda: tg.engine.tape._Gradients(None),
     lambda: tg.state.local,
 ])
 def test_objects_a_learner_meets_have_short_readable_reprs(make):

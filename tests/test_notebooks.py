@@ -7,12 +7,12 @@ import pathlib
 import pytest
 from needs import TORCH_MISSING
 
-from tinygrad_ckpt import figures, notebooks
+from tinygrad_ckpt.app import figures, notebooks
 
 REPO = pathlib.Path(figures.lessons_dir()).parent
 LESSONS = [p.stem for p in figures.discover()]
 STALE = "is not what `tinygrad-ckpt notebooks` writes from the lessons now: run `tinygrad-ckpt notebooks` " \
-        "(or `python -m tinygrad_ckpt.notebooks`) and commit notebooks/"
+        "(or `python -m tinygrad_ckpt.app.notebooks`) and commit notebooks/"
 
 
 def test_one_notebook_per_lesson():
@@ -62,7 +62,7 @@ def test_notebook_runs_on_quick_sizes(stem, tmp_path):
 
 
 def test_the_command_writes_one_notebook_per_lesson(tmp_path, monkeypatch, capsys):
-    from tinygrad_ckpt import cli
+    from tinygrad_ckpt.app import cli
 
     (tmp_path / "99_gone.ipynb").write_text("{}")  # a lesson that no longer exists loses its notebook
     monkeypatch.setattr(notebooks, "notebooks_dir", lambda: tmp_path)

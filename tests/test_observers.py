@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import observe, state
-from tinygrad_ckpt.function import Function
-from tinygrad_ckpt.tape import backward_steps
+from tinygrad_ckpt import state
+from tinygrad_ckpt.engine import observe
+from tinygrad_ckpt.engine.function import Function
+from tinygrad_ckpt.engine.tape import backward_steps
 
 
 class Recorder(observe.Observer):

@@ -38,7 +38,7 @@ from needs import TORCH_MISSING
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt import ops
-from tinygrad_ckpt.function import Function
+from tinygrad_ckpt.engine.function import Function
 
 try:
     import torch

@@ -1,4 +1,4 @@
-"""One device of a tensor/sequence/pipeline-parallel run on the meta backend (tinygrad_ckpt.parallel,
+"""One device of a tensor/sequence/pipeline-parallel run on the meta backend (tinygrad_ckpt.scale.parallel,
 measure.ParallelStep), its activations against Korthikanti et al. 2022 Table 2, ZeRO, and the CLI's errors."""
 
 from __future__ import annotations
@@ -6,10 +6,12 @@ from __future__ import annotations
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import backend, cli, report
-from tinygrad_ckpt import estimate as est
-from tinygrad_ckpt.measure import ParallelStep, saved_after_forward
-from tinygrad_ckpt.parallel import DeviceShard, Parallelism
+from tinygrad_ckpt import backend
+from tinygrad_ckpt.app import cli
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale import report
+from tinygrad_ckpt.scale.measure import ParallelStep, saved_after_forward
+from tinygrad_ckpt.scale.parallel import DeviceShard, Parallelism
 
 
 def _shape(s, b, h, a, dropout=0.1, layers=2, dtype="float16"):

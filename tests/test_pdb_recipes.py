@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tinygrad_ckpt import figures
+from tinygrad_ckpt.app import figures
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSON = "lessons/08_stepping_through_backward.py"

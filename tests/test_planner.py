@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tinygrad_ckpt.planner import (
+from tinygrad_ckpt.recompute.planner import (
     LayerCost,
     Plan,
     Segment,

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from needs import TORCH_MISSING
 
-from tinygrad_ckpt import cli
+from tinygrad_ckpt.app import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -201,7 +201,7 @@ def _script_flags(path: str) -> set[str]:
 
 
 def _known_flags(command: str) -> tuple[str, set[str]]:
-    """(what the command is, its flags) for 'tinygrad-ckpt SUB', 'python -m tinygrad_ckpt.figures', 'python x.py'."""
+    """(what the command is, its flags) for 'tinygrad-ckpt SUB', 'python x.py'."""
     words = command.split()
     subs = _subparsers(cli._parser())
     if words[0] == "tinygrad-ckpt":
@@ -210,13 +210,13 @@ def _known_flags(command: str) -> tuple[str, set[str]]:
         return "tinygrad-ckpt", _flags_of(cli._parser())
     if words[0] in subs:  # `explore --memory-viz`: a subcommand named alone
         return f"tinygrad-ckpt {words[0]}", _flags_of(subs[words[0]])
-    if words[:3] == ["python", "-m", "tinygrad_ckpt.figures"]:
-        from tinygrad_ckpt import figures
+    if words[:3] == ["python", "-m", "tinygrad_ckpt.app.figures"]:
+        from tinygrad_ckpt.app import figures
 
         parser = argparse.ArgumentParser()
         with contextlib.suppress(SystemExit), contextlib.redirect_stdout(io.StringIO()) as help_text:
             figures.main(["--help"])
-        return "python -m tinygrad_ckpt.figures", set(re.findall(r"--[a-z][a-z0-9-]*", help_text.getvalue())) \
+        return "python -m tinygrad_ckpt.app.figures", set(re.findall(r"--[a-z][a-z0-9-]*", help_text.getvalue())) \
             | _flags_of(parser)
     return f"python {words[1]}", _script_flags(words[1])
 
@@ -288,7 +288,7 @@ def test_every_flag_a_help_names_exists_on_that_command():
 
 def test_every_flag_the_usage_lines_name_exists():
     """The usage lines at the top of cli.py and figures.py, which `--help` of the modules and pydoc show."""
-    from tinygrad_ckpt import figures
+    from tinygrad_ckpt.app import figures
 
     missing = []
     for module in (cli, figures):

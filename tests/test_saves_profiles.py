@@ -7,9 +7,9 @@ import pytest
 from needs import TORCH_MISSING
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import estimate as est
 from tinygrad_ckpt import nn
-from tinygrad_ckpt.measure import SteadyStep, saved_after_forward
+from tinygrad_ckpt.scale import estimate as est
+from tinygrad_ckpt.scale.measure import SteadyStep, saved_after_forward
 
 IDX = np.random.default_rng(0).integers(0, 64, (2, 32))
 

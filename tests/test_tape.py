@@ -15,7 +15,7 @@ from helpers import owner, owner_nbytes, tiny_batch, tiny_gpt
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
-from tinygrad_ckpt.function import Context, Function
+from tinygrad_ckpt.engine.function import Context, Function
 
 
 def _gpt_forward():

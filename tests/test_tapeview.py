@@ -6,7 +6,7 @@ import pytest
 
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
-from tinygrad_ckpt import tapeview
+from tinygrad_ckpt.memory import tapeview
 
 
 def _mlp_params(d=8, seed=0):

@@ -10,8 +10,9 @@ from needs import TORCH_MISSING
 torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 
 import tinygrad_ckpt as tg  # noqa: E402
-from tinygrad_ckpt import backend, nn, planner  # noqa: E402
+from tinygrad_ckpt import backend, nn  # noqa: E402
 from tinygrad_ckpt import torch_bridge as tb  # noqa: E402
+from tinygrad_ckpt.recompute import planner  # noqa: E402
 
 VOCAB, T, B, L, H, D = 64, 32, 4, 4, 4, 64
 PLANS = {"none": None, "every_layer": "every_layer", "sqrt": "sqrt", "korthikanti_selective": tg.korthikanti_selective}
@@ -64,7 +65,7 @@ def test_pytorch_saved_bytes_agree_with_the_ledger_like_for_like(plan, dropout):
 def test_the_like_for_like_count_is_the_sum_of_its_storages_at_every_event():
     """like_for_like's replay keeps a running count as holders come and go and regions' forwards end; at every
     event of a selective step with dropout it equals the count taken storage by storage afresh."""
-    from tinygrad_ckpt.torch_saves import _EngineCount
+    from tinygrad_ckpt.torch_bridge.saves import _EngineCount
 
     tg.manual_seed(0)
     torch_model = tb.TorchGPT.from_engine(nn.GPT(VOCAB, T, 2, H, D, dropout=0.1),

@@ -1,4 +1,4 @@
-"""tinygrad_ckpt.torch_dist: the engine's plans on a PyTorch model split over 2 CPU processes (torchrun, gloo),
+"""tinygrad_ckpt.torch_bridge.dist: the engine's plans on a PyTorch model split over 2 CPU processes (torchrun, gloo),
 with DTensor tensor parallelism (t = 2, with and without sequence parallelism) and FSDP2 (ZeRO-3 over d = 2); per
 rank, parameters, gradients, AdamW states, saved bytes per layer and their peak beside the engine's per-device
 estimate (measure.ParallelStep), every difference a named term. One torchrun launch for all six runs (~15 s)."""
@@ -10,8 +10,8 @@ from needs import TORCH_MISSING
 
 pytest.importorskip("torch", reason=TORCH_MISSING)
 
-from tinygrad_ckpt import torch_dist as td  # noqa: E402
-from tinygrad_ckpt.estimate import GPTShape  # noqa: E402
+from tinygrad_ckpt.scale.estimate import GPTShape  # noqa: E402
+from tinygrad_ckpt.torch_bridge import dist as td  # noqa: E402
 
 REASON = td.availability()
 pytestmark = pytest.mark.skipif(REASON is not None, reason=REASON or "")

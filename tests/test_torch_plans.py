@@ -1,4 +1,4 @@
-"""tinygrad_ckpt.torch_plans: the engine's plans and policies on PyTorch models it did not write (tests/
+"""tinygrad_ckpt.torch_bridge.plans: the engine's plans and policies on PyTorch models it did not write (tests/
 foreign_models.py: nanoGPT's, Hugging Face GPT-2's and Llama's layouts), measured per module by SavedBytes."""
 
 from __future__ import annotations
@@ -13,10 +13,11 @@ torch = pytest.importorskip("torch", reason=TORCH_MISSING)
 import foreign_models as fm  # noqa: E402
 
 import tinygrad_ckpt as tg  # noqa: E402
-from tinygrad_ckpt import nn, planner  # noqa: E402
+from tinygrad_ckpt import nn  # noqa: E402
 from tinygrad_ckpt import torch_bridge as tb  # noqa: E402
-from tinygrad_ckpt import torch_plans as tp  # noqa: E402
-from tinygrad_ckpt import torch_saves as ts  # noqa: E402
+from tinygrad_ckpt.recompute import planner  # noqa: E402
+from tinygrad_ckpt.torch_bridge import plans as tp  # noqa: E402
+from tinygrad_ckpt.torch_bridge import saves as ts  # noqa: E402
 
 V, T, B = 64, 32, 4
 MODELS = {
@@ -226,7 +227,7 @@ def test_torchs_own_selective_checkpointing_caches_what_backward_never_reads(pla
     the bridge's observer) keep more than no checkpoint: why _PolicyCache lets them go."""
     from torch.utils.checkpoint import checkpoint
 
-    from tinygrad_ckpt.policies import as_policy
+    from tinygrad_ckpt.recompute.policies import as_policy
 
     model, step, base, _ = plain["nanogpt-fused"]
     keep_all = as_policy(lambda op, name: True)
@@ -265,7 +266,7 @@ def test_the_comparison_with_the_engines_ledger_is_one_call():
     weights; every block differs by the same named amount: PyTorch's layer norm keeps its input and mean, the
     engine's its output (which the next linear keeps anyway: counted there in PyTorch), and CPU dropout keeps
     float noise where the engine keeps 1-bit masks."""
-    from tinygrad_ckpt import torch_weights as tw
+    from tinygrad_ckpt.torch_bridge import weights as tw
 
     tg.manual_seed(0)
     gpt = nn.GPT(V, T, 4, 4, 64)

@@ -1,4 +1,4 @@
-"""tinygrad_ckpt.torch_weights: weights both ways between the engine's models and PyTorch models in nanoGPT's,
+"""tinygrad_ckpt.torch_bridge.weights: weights both ways between the engine's models and PyTorch models in nanoGPT's,
 Hugging Face GPT-2's (Conv1D, [in, out]) and Hugging Face Llama's layouts, every key, shape and dtype checked."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import foreign_models as fm  # noqa: E402
 
 import tinygrad_ckpt as tg  # noqa: E402
 from tinygrad_ckpt import nn  # noqa: E402
-from tinygrad_ckpt import torch_weights as tw  # noqa: E402
+from tinygrad_ckpt.torch_bridge import weights as tw  # noqa: E402
 
 V, T, L, H, D = 64, 32, 2, 4, 64
 

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import cli, figures, nn
+from tinygrad_ckpt import nn
+from tinygrad_ckpt.app import cli, figures
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 
@@ -38,7 +39,7 @@ def _idx():
 def check_command_not_found():
     """The command is the package's entry point (pyproject's [project.scripts]), reached once it is installed."""
     text = (README.parent / "pyproject.toml").read_text()
-    assert 'tinygrad-ckpt = "tinygrad_ckpt.cli:main"' in text
+    assert 'tinygrad-ckpt = "tinygrad_ckpt.app.cli:main"' in text
 
 
 def check_no_lessons_folder(monkeypatch, capsys, tmp_path):

@@ -9,8 +9,9 @@ import tracemalloc
 import numpy as np
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn, optim, plots
-from tinygrad_ckpt.ledger import CATEGORIES, numpy_traced_bytes
+from tinygrad_ckpt import nn, optim
+from tinygrad_ckpt.memory import plots
+from tinygrad_ckpt.memory.ledger import CATEGORIES, numpy_traced_bytes
 from tinygrad_ckpt.units import format_bytes
 
 V, T = 64, 16
@@ -229,7 +230,7 @@ def test_the_plots_draw_it_apart_and_a_side_by_side_figure_says_when_the_ledgers
 
 def test_garbage_not_yet_collected_is_held_untouched_and_its_collection_is_a_real_release():
     """Entering collects nothing: a tensor in a reference cycle is memory really held until the collector runs."""
-    import tinygrad_ckpt.ledger as ledger_module
+    import tinygrad_ckpt.memory.ledger as ledger_module
 
     assert "gc" not in vars(ledger_module)  # entering costs a walk over the weak registries, no collection
     gc.collect()

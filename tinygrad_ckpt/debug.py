@@ -27,7 +27,7 @@ import zlib
 
 from . import backend, state
 from .checks import kind
-from .observe import Observer, observing
+from .engine.observe import Observer, observing
 
 
 def matches(op: str, name: str, pattern: str) -> bool:

@@ -6,8 +6,8 @@ import math
 
 from . import ops, state
 from .backend import xp
+from .engine.tensor import Tensor
 from .ops._util import causal_mask  # noqa: F401  (functional.causal_mask, as before)
-from .tensor import Tensor
 
 
 def _data(x):

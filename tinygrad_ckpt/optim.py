@@ -15,10 +15,11 @@ from collections.abc import Mapping, Set
 
 import numpy as np
 
-from . import observe, state
+from . import state
 from .backend import kernels, xp
 from .checks import float_dtype, number
-from .tensor import Tensor, increment_version
+from .engine import observe
+from .engine.tensor import Tensor, increment_version
 
 
 def _check(optimizer: str, name: str, value, ok, wanted: str):

@@ -18,7 +18,6 @@ import numpy as np
 
 from .. import state
 from . import allocator
-from .meta import MetaBackend
 from .numpy_backend import Backend
 
 # glibc keeps freed arrays for the next step (allocator.py), unless TINYGRAD_CKPT_TUNE=0 (state.tune_process)
@@ -34,7 +33,13 @@ def _cupy() -> Backend:
     return CupyBackend()
 
 
-BACKENDS = {"numpy": Backend, "cupy": _cupy, "meta": MetaBackend}  # name -> factory
+def _meta() -> Backend:
+    from .meta import MetaBackend  # imported on first use: a learner's NumPy run never loads it
+
+    return MetaBackend()
+
+
+BACKENDS = {"numpy": Backend, "cupy": _cupy, "meta": _meta}  # name -> factory
 
 
 def _make(name: str) -> Backend:
@@ -97,7 +102,7 @@ def backend_of(a) -> str | None:
     module = type(a).__module__
     if module.startswith("cupy"):
         return "cupy"
-    if module == MetaBackend.__module__:
+    if module == f"{__name__}.meta":
         return "meta"
     return None
 

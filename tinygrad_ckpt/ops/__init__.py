@@ -17,7 +17,7 @@ import numpy as np
 from .. import backend, state
 from ..backend import xp
 from ..checks import kind
-from ..tensor import Tensor  # tensor.py imports this package last, so either may be imported first
+from ..engine.tensor import Tensor  # tensor.py imports this package last, so either may be imported first
 from ._util import broadcast_shape, constant, unbroadcast
 from .attention import ChunkedAttention
 from .elementwise import Add, Cast, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Rsqrt, Scale, Sigmoid, Sqrt, Sub, Tanh
@@ -287,7 +287,7 @@ def split(x, split_size_or_sections, axis=0):
 
 def getitem(x, index):
     """x[index]; Tensors in the index (alone or inside a tuple) index by their data."""
-    from ..tensor import Tensor
+    from ..engine.tensor import Tensor
 
     if isinstance(index, tuple):
         index = tuple(i.data if isinstance(i, Tensor) else i for i in index)

@@ -26,7 +26,7 @@ import math
 
 from .. import backend
 from ..backend import xp
-from ..function import Function
+from ..engine.function import Function
 
 # queries and keys per block. Larger blocks mean fewer, bigger NumPy calls and BLAS products (a product of 128 x 64
 # x 128 is too small for OpenBLAS's two threads to share well) but larger temporaries ([B, H, block, block] scores

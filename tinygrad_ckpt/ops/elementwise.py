@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from ..backend import kernels, xp
 from ..checks import kind
-from ..function import Function
+from ..engine.function import Function
 from ._util import broadcast_shape, causal_mask, numel, unbroadcast
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from .. import backend
-from ..function import Function
+from ..engine.function import Function
 from ._util import broadcast_shape, numel, unbroadcast
 
 

@@ -26,7 +26,7 @@ import numpy as np
 
 from .. import backend, state
 from ..backend import xp
-from ..function import Function
+from ..engine.function import Function
 from ._util import check_float, numel
 
 

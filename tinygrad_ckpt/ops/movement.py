@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import backend
 from ..backend import xp
-from ..function import Function
+from ..engine.function import Function
 from ._util import AxisError, axis_of, check_range, numel
 
 

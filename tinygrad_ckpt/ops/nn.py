@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .. import backend, state
 from ..backend import kernels, xp
-from ..function import Function
+from ..engine.function import Function
 from ._util import axis_of, check_float, check_range, numel
 
 

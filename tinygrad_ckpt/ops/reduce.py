@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from ..backend import xp
-from ..function import Function
+from ..engine.function import Function
 from ._util import axes_of, check_float, numel
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import kernels, xp
-from ..function import Function
+from ..engine.function import Function
 from ._util import check_float, check_range, numel
 
 

@@ -1,0 +1,1 @@
+"""The `tinygrad-ckpt` command, the figures, the lessons as notebooks and the API page."""
