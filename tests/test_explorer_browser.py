@@ -14,11 +14,11 @@ import os
 import shutil
 from pathlib import Path
 
+import lesson_runs
 import numpy as np
 import pytest
 from test_explorer import forward_backward
 
-from tinygrad_ckpt.app import figures
 from tinygrad_ckpt.memory.palette import CATEGORY_COLORS
 
 CHROMIUM = os.environ.get("TINYGRAD_CKPT_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
@@ -223,9 +223,8 @@ LESSON_PAGES = {4: "04_the_ledger", 5: "05_the_checkpoint_segment", 9: "09_seed_
 
 
 @pytest.fixture(scope="module")
-def lessons(browser, tmp_path_factory):
-    out = tmp_path_factory.mktemp("lessons")
-    results = figures.run(quick=True, only=list(LESSON_PAGES), out=out)
+def lessons(browser):
+    results = lesson_runs.figures_command().results  # the session's one quick run of every lesson
     return {n: results[stem]["result"] for n, stem in LESSON_PAGES.items()}
 
 

@@ -100,7 +100,7 @@ FORBIDDEN = [
 ALLOWED = {  # file -> patterns it may use, and why
     "tinygrad_ckpt/memory/events.py": {r"""\blayer_of\("""},  # defines it
     "tinygrad_ckpt/memory/ledger.py": {r"""\blayer_of\("""},  # calls it once per origin, from a path
-    "tinygrad_ckpt/torch_bridge/saves.py": {r"""\blayer_of\("""},  # the layer of a PyTorch module's path, as the ledger's
+    "tinygrad_ckpt/torch_bridge/saves.py": {r"""\blayer_of\("""},  # a PyTorch module path's layer
 }
 
 

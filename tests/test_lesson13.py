@@ -17,8 +17,8 @@ def lesson():
 
 
 @pytest.fixture(scope="module")
-def r(tmp_path_factory, lesson):
-    return lesson_runs.quick_run(lesson, STEM, tmp_path_factory.mktemp("figs13"))
+def r():
+    return lesson_runs.quick_result(STEM, figures_expected=1)
 
 
 def test_swiglu_keeps_two_d_plus_four_f_per_token(r):

@@ -18,8 +18,8 @@ def lesson():
 
 
 @pytest.fixture(scope="module")
-def r(tmp_path_factory, lesson):
-    return lesson_runs.quick_run(lesson, STEM, tmp_path_factory.mktemp("figs14"))
+def r():
+    return lesson_runs.quick_result(STEM, figures_expected=1)
 
 
 def test_each_way_costs_its_bytes_a_parameter(r):

@@ -8,6 +8,7 @@ import math
 import pathlib
 import sys
 
+import lesson_runs
 import pytest
 
 import tinygrad_ckpt as tg
@@ -25,33 +26,25 @@ def load(stem: str):
     return module
 
 
-def run_quick(stem: str, out: pathlib.Path, **kwargs) -> dict:
-    result = load(stem).main(quick=True, out=str(out), **kwargs)
-    for path in result["figures"]:
-        p = pathlib.Path(path)
-        assert p.parent == out and p.name.startswith(stem[:2] + "_"), path
-        assert p.is_file() and p.stat().st_size > 10_000, f"figure {path} missing or empty"
-    return result
+
+@pytest.fixture(scope="module")
+def lesson5():
+    return lesson_runs.quick_result("05_the_checkpoint_segment")
 
 
 @pytest.fixture(scope="module")
-def lesson5(tmp_path_factory):
-    return run_quick("05_the_checkpoint_segment", tmp_path_factory.mktemp("figs5"))
+def lesson6():
+    return lesson_runs.quick_result("06_sqrt_n_and_beyond")
 
 
 @pytest.fixture(scope="module")
-def lesson6(tmp_path_factory):
-    return run_quick("06_sqrt_n_and_beyond", tmp_path_factory.mktemp("figs6"))
+def lesson7():
+    return lesson_runs.quick_result("07_selective_recomputation")
 
 
 @pytest.fixture(scope="module")
-def lesson7(tmp_path_factory):
-    return run_quick("07_selective_recomputation", tmp_path_factory.mktemp("figs7"))
-
-
-@pytest.fixture(scope="module")
-def lesson8(tmp_path_factory):
-    return run_quick("08_stepping_through_backward", tmp_path_factory.mktemp("figs8"))
+def lesson8():
+    return lesson_runs.quick_result("08_stepping_through_backward")
 
 
 # ---------------------------------------------------------------- lesson 5
@@ -232,8 +225,8 @@ def test_lesson8_break_before_softmax_stops_twice(tmp_path, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def lesson10(tmp_path_factory):
-    return run_quick("10_recomputation_inside_one_op", tmp_path_factory.mktemp("figs10"))
+def lesson10():
+    return lesson_runs.quick_result("10_recomputation_inside_one_op")
 
 
 def test_lesson10_same_gradients(lesson10):

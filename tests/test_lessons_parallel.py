@@ -3,8 +3,7 @@ folder; the claims they print are asserted from the numbers they return."""
 
 from __future__ import annotations
 
-import pathlib
-
+import lesson_runs
 import pytest
 from needs import TORCH_MISSING
 
@@ -14,22 +13,15 @@ from tinygrad_ckpt.scale import estimate as est
 GB = 10**9
 
 
-def _run(stem: str, out: pathlib.Path) -> dict:
-    result = figures.load_lesson(figures.lessons_dir() / f"{stem}.py").main(quick=True, out=str(out))
-    for path in result["figures"]:
-        p = pathlib.Path(path)
-        assert p.parent == out and p.name.startswith(stem) and p.stat().st_size > 10_000, path
-    return result
 
-
-def test_lesson_11_plans_carry_over_to_pytorch(tmp_path):
+def test_lesson_11_plans_carry_over_to_pytorch():
     pytest.importorskip("torch", reason=f"lesson 11: {TORCH_MISSING}")
     import torch
 
     from tinygrad_ckpt.backend import threads
 
     before = torch.get_num_threads()
-    r = _run("11_taking_the_plan_to_pytorch", tmp_path)
+    r = lesson_runs.quick_result("11_taking_the_plan_to_pytorch")
     assert len(r["figures"]) == 1
     assert r["threads"] == threads.threads()  # both engines timed on the engine's thread count
     assert torch.get_num_threads() == before  # and PyTorch's own setting given back
@@ -64,8 +56,8 @@ def test_a_lesson_that_needs_torch_skips_cleanly_without_it(stem, tmp_path, monk
     assert module.headline(result) == [f"skipped: {result['skipped']}"]
 
 
-def test_lesson_12_per_device_plans_and_table_2(tmp_path):
-    r = _run("12_when_one_gpu_is_not_enough", tmp_path)
+def test_lesson_12_per_device_plans_and_table_2():
+    r = lesson_runs.quick_result("12_when_one_gpu_is_not_enough")
     c = r["config"]
     assert (c["d_model"], c["n_head"], c["seq_len"], c["batch"], c["tensor"]) == (4096, 32, 2048, 4, 8)
     runs = r["runs"]
@@ -83,9 +75,9 @@ def test_lesson_12_per_device_plans_and_table_2(tmp_path):
     assert r["largest_batch"]["TP + SP + selective"] >= r["largest_batch"]["TP"]
 
 
-def test_lesson_15_plans_your_own_model(tmp_path):
+def test_lesson_15_plans_your_own_model():
     pytest.importorskip("torch", reason=f"lesson 15: {TORCH_MISSING}")
-    r = _run("15_your_own_model", tmp_path)
+    r = lesson_runs.quick_result("15_your_own_model")
     assert len(r["figures"]) == 1
     # every layer of the foreign GPT: PyTorch = the ledger + the named layer-norm term, and nothing else
     assert r["unexplained"] == 0

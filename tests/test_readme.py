@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lesson_runs
 import pytest
 from needs import TORCH_MISSING
 
@@ -83,11 +84,7 @@ def _command_cases():
     for line, command in shell_commands():
         if left_out(command):
             continue
-        words = shlex.split(command)
-        quick = words[0] == "tinygrad-ckpt" and len(words) > 1 and "--quick" in _flags_of(
-            _subparsers(cli._parser()).get(words[1], argparse.ArgumentParser()))
-        marks = [pytest.mark.slow] if quick else []  # figures --quick runs every lesson (about 40 s on 2 cores)
-        cases.append(pytest.param(command, id=f"L{line}:{command[:60]}", marks=marks))
+        cases.append(pytest.param(command, id=f"L{line}:{command[:60]}"))
     return cases
 
 
@@ -112,6 +109,11 @@ def test_every_readme_command_runs_as_printed(command, tmp_path, monkeypatch):
         sub = _subparsers(cli._parser()).get(args[0]) if args else None
         if sub is not None and "--quick" in _flags_of(sub) and "--quick" not in args:
             args.append("--quick")  # at quick sizes, where the command has the flag
+        if args == lesson_runs.figures_command().argv:  # every lesson: the session runs it once, here if first
+            run = lesson_runs.figures_command()
+            assert run.exit_code == 0, f"`{command}` exited {run.exit_code}:\n{run.errors}{run.printed[-2000:]}"
+            assert run.printed.strip(), f"`{command}` printed nothing"
+            return
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
             try:

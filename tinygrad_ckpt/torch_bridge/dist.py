@@ -4,7 +4,7 @@ beside the engine's per-device estimate (measure.ParallelStep, what `tinygrad-ck
 
     spec = Spec("tests/foreign_models.py:NanoGPTStyle", dict(n_layer=2, n_embd=64, ...), shape, parallel="tp",
                 sequence=True, plan="every_layer")
-    ranks = run(spec, nproc=2)              # torchrun --nproc-per-node 2 -m tinygrad_ckpt.torch_bridge.dist (a subprocess)
+    ranks = run(spec, nproc=2)              # torchrun --nproc-per-node 2 -m this module (a subprocess)
     rows = compare(spec, ranks)             # per rank: parameters, gradients, AdamW states, saved per layer, peak
     print(table(rows))
 
@@ -334,7 +334,7 @@ def run(specs, nproc: int = 2, timeout: float = 300) -> list[list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ranks.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "tinygrad_ckpt.torch_bridge.dist", "--specs", json.dumps([s.to_json() for s in specs]), "--out", out]
+               "-m", __name__, "--specs", json.dumps([s.to_json() for s in specs]), "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode != 0 or not os.path.exists(out):
