@@ -116,6 +116,9 @@ def _order_strides(shape, itemsize: int, operand_strides=()) -> tuple:
 
 
 def _broadcast(shapes) -> tuple:
+    shaped = [s for s in shapes if s]
+    if all(s == shaped[0] for s in shaped[1:]):  # equal shapes and scalars: no rule to apply
+        return tuple(shaped[0]) if shaped else ()
     try:
         return tuple(np.broadcast_shapes(*shapes))
     except ValueError:
@@ -198,6 +201,8 @@ def _elementwise(fn, args, out=None, name=None, scalar_result=True):
     if not shape and scalar_result:
         return MetaScalar(dtype)
     metas = [a for a in args if isinstance(a, MetaArray) and a.ndim]
+    if all(a.shape == shape and _is_c_contiguous(a.shape, a.strides, a.itemsize) for a in metas):
+        return MetaArray(shape, dtype)  # every operand in C order: NumPy's order "K" is C order too
     return MetaArray(shape, dtype, _order_strides(shape, dtype.itemsize, [_strides_in(a, shape) for a in metas]))
 
 
