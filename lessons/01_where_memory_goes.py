@@ -11,9 +11,9 @@ Claim (chapter "Activation Checkpointing", section "The Memory Problem Activatio
 Solves"): training memory splits into parameters, optimizer states, gradients and activations, and
 once batches are large or sequences long, the activations are the biggest of the four.
 
-Read: tinygrad_ckpt/ledger.py (how buffers are counted, categories, the timeline),
-tinygrad_ckpt/optim.py (AdamW's m and v, allocated on the first step), tinygrad_ckpt/nn.py (GPT),
-tinygrad_ckpt/estimate.py (gpt_parameter_count, training_state_terms).
+Read: tinygrad_ckpt/memory/ledger.py (Ledger: how buffers are counted, CATEGORIES, timeline),
+tinygrad_ckpt/optim.py (AdamW's m and v, allocated on the first step), tinygrad_ckpt/nn/__init__.py (GPT),
+tinygrad_ckpt/scale/estimate.py (gpt_parameter_count, training_state_terms).
 
 Run: python lessons/01_where_memory_goes.py [--quick] [--out figures]
 Figures: {out}/01_where_memory_goes_split.png (what is live at the peak, per config) and

@@ -12,7 +12,7 @@ itself; GELU's x cannot be recovered from gelu(x), softmax's gradient needs its 
 norm needs its statistics.
 
 Read: tinygrad_ckpt/ops/nn.py (GELU, Softmax, LayerNorm: what each saves and why),
-tinygrad_ckpt/function.py (ctx.save), tinygrad_ckpt/tape.py (TapeEntry, backward_steps).
+tinygrad_ckpt/engine/function.py (Context.save), tinygrad_ckpt/engine/tape.py (TapeEntry, backward_steps).
 
 Run: python lessons/02_why_backward_needs_activations.py [--quick] [--out figures]
 Figure: {out}/02_why_backward_needs_activations.png (GELU and its derivative, the two inputs marked).

@@ -14,8 +14,8 @@ and 32 such layers at B=4, T=2048, d=4096 in float16 come to "≈ 64 GB" of acti
 also says the attention weights grow with T², which a linear formula cannot hold. Measured here: what
 a block really keeps, the T² term, and the arithmetic.
 
-Read: tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms,
-seed_activation_bytes_per_layer, seed_activation_example), tinygrad_ckpt/nn.py (Block,
+Read: tinygrad_ckpt/scale/estimate.py (korthikanti_terms, engine_activation_terms,
+seed_activation_bytes_per_layer, seed_activation_example), tinygrad_ckpt/nn/__init__.py (Block,
 CausalSelfAttention, MLP), tinygrad_ckpt/functional.py (scaled_dot_product_attention),
 tinygrad_ckpt/ops/ (what each op saves).
 

@@ -13,9 +13,9 @@ Solves"): training reserves each layer's activations in forward and holds them i
 backward reaches that layer: "for a 32-layer model, early-layer activations are idle for roughly 97%
 of the backward pass". The ledger measures the reservation and the idle share.
 
-Read: tinygrad_ckpt/ledger.py (events, timeline, lifetimes, idle_fraction, summary,
-to_chrome_trace), tinygrad_ckpt/tape.py (backward_steps: where saved arrays are released),
-tinygrad_ckpt/plots.py (plot_memory_timeline, plot_lifetimes).
+Read: tinygrad_ckpt/memory/ledger.py (events, timeline, lifetimes: each one's idle_fraction,
+summary, to_chrome_trace), tinygrad_ckpt/engine/tape.py (backward_steps: where saved arrays are released),
+tinygrad_ckpt/memory/plots.py (plot_memory_timeline, plot_lifetimes).
 
 Run: python lessons/04_the_ledger.py [--quick] [--out figures]
 Figures: {out}/04_the_ledger_timeline.png, {out}/04_the_ledger_lifetimes.png,

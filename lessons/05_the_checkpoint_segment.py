@@ -16,10 +16,11 @@ Solves"): the idle activations can be dropped and "recomputed on demand", turnin
 memory into compute work. Measured here: what one checkpoint segment frees, what its replay costs,
 and that the gradients do not change at all.
 
-Read: tinygrad_ckpt/checkpoint.py (checkpoint, Segment._forward_op, Checkpoint.call_backward, Replay.run,
-compare), tinygrad_ckpt/function.py (Function.apply: the segment hook), tinygrad_ckpt/tape.py
-(backward_steps), tinygrad_ckpt/ledger.py (phase "recompute", action "recomputed"),
-tinygrad_ckpt/backend/__init__.py (get_rng_state / set_rng_state).
+Read: tinygrad_ckpt/recompute/checkpoint.py (checkpoint, SegmentForward.on_op_start, Checkpoint.input_grads,
+Replay.rerun), tinygrad_ckpt/recompute/replay_check.py (Comparison, SegmentReplay),
+tinygrad_ckpt/engine/function.py (Function.apply: the segment hook), tinygrad_ckpt/engine/tape.py (backward_steps),
+tinygrad_ckpt/memory/ledger.py (phase "recompute", action "recomputed"), tinygrad_ckpt/backend/__init__.py
+(get_rng_state, set_rng_state).
 
 Run: python lessons/05_the_checkpoint_segment.py [--quick] [--out figures]
 Figures: {out}/05_the_checkpoint_segment_timeline.png (memory without / with checkpointing on one

@@ -8,7 +8,7 @@ size (16·B·T·d values plus T² terms, so more as T grows), so its best k is
 near n. Single-level checkpointing costs about one extra forward whatever k is (a replay stops once
 backward has what it needs, before each segment's last linear and residual add, so more segments
 replay slightly less); only nesting (recursive plans) goes lower in memory, and only by replaying
-more. The chain's memory model (tinygrad_ckpt/planner.py: simulate) is fed per-layer costs measured
+more. The chain's memory model (tinygrad_ckpt/recompute/planner.py: simulate) is fed per-layer costs measured
 from one plain and one every-layer ledger run and predicts every measured activation peak and
 recompute count. The planner (plan_chain) then picks
 the least-recompute plan for three budgets, run through GPT(checkpoint=plan). Last, the frontier:
@@ -19,8 +19,8 @@ Solves"): recomputing on demand trades memory for compute. Measured here: how mu
 each extra FLOP buys, as the number of checkpointed segments and the plan vary (Chen et al.'s √n rule,
 nesting, and an optimal planner).
 
-Read: tinygrad_ckpt/planner.py (LayerCost, simulate, plan_chain, sequential_plan, recursive_plan),
-tinygrad_ckpt/checkpoint_plans.py (run_plan, run_checkpointed), tinygrad_ckpt/estimate.py (chen_optimal_segments).
+Read: tinygrad_ckpt/recompute/planner.py (LayerCost, simulate, plan_chain, sequential_plan, recursive_plan),
+tinygrad_ckpt/recompute/plans.py (run_plan, run_checkpointed), tinygrad_ckpt/scale/estimate.py (chen_optimal_segments).
 
 Run: python lessons/06_sqrt_n_and_beyond.py [--quick] [--out figures]
 Figures: {out}/06_sqrt_n_and_beyond_sweep.png (peak and recompute against k, predicted and measured)

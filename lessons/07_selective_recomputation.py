@@ -15,9 +15,9 @@ Solves"): the activations are not alike: "the attention weights alone contribute
 proportional to T²", and every nonlinear op keeps its own dependency. Measured here: which saves are
 big and cheap to recompute, which are small and costly, and what a per-op policy buys.
 
-Read: tinygrad_ckpt/policies.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, KeepByPolicy
+Read: tinygrad_ckpt/recompute/policies.py (Policy, Decision, SaveMatmuls, KorthikantiSelective, KeepByPolicy
 and ServeKept, KeptOp), tinygrad_ckpt/ops/ (what each op saves: ctx.save, its FLOPs: ctx.flops),
-tinygrad_ckpt/estimate.py (korthikanti_terms, engine_activation_terms).
+tinygrad_ckpt/scale/estimate.py (korthikanti_terms, engine_activation_terms).
 
 Run: python lessons/07_selective_recomputation.py [--quick] [--out figures]
 Figures: {out}/07_selective_recomputation_ops.png (bytes kept vs FLOPs to recompute, per op) and

@@ -14,8 +14,8 @@ Solves"): "every intermediate tensor produced during the forward pass gets retai
 memory until its gradient has been computed", as backward walks the graph in reverse. Watched here one
 tape entry at a time, including a checkpoint entry that recomputes before it can free.
 
-Read: tinygrad_ckpt/tape.py (backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
-(break_before), tinygrad_ckpt/checkpoint.py (Checkpoint.input_grads: the replay into a private graph).
+Read: tinygrad_ckpt/engine/tape.py (backward_steps: the whole backward loop), tinygrad_ckpt/debug.py
+(break_before), tinygrad_ckpt/recompute/checkpoint.py (Checkpoint.input_grads: the replay into a private graph).
 
 Run: python lessons/08_stepping_through_backward.py [--quick] [--out figures]
      python -m pdb lessons/08_stepping_through_backward.py --quick --break softmax   (interactive)

@@ -24,10 +24,10 @@ output and 1/std, dropout a 1-bit mask), and allocated bytes (no caching allocat
 a model of this size as PyTorch AMP with flash attention and as Megatron run it, with the allocator and the
 device's real capacity.
 
-Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/measure.py (SteadyStep: the one
-measured training step, also behind `tinygrad-ckpt estimate`), tinygrad_ckpt/cli.py (`tinygrad-ckpt estimate`,
-the same measurement as a command), tinygrad_ckpt/estimate.py (seed_activation_example,
-engine_activation_terms, training_state_terms), tinygrad_ckpt/planner.py (LayerCost, plan_chain,
+Read: tinygrad_ckpt/backend/meta.py (the shape-only backend), tinygrad_ckpt/scale/measure.py (SteadyStep: the one
+measured training step, also behind `tinygrad-ckpt estimate`), tinygrad_ckpt/app/cli.py (`tinygrad-ckpt estimate`,
+the same measurement as a command), tinygrad_ckpt/scale/estimate.py (seed_activation_example,
+engine_activation_terms, training_state_terms), tinygrad_ckpt/recompute/planner.py (LayerCost, plan_chain,
 minimum_peak_bytes), tinygrad_ckpt/optim.py (state_dtype).
 
 Run: python lessons/09_seed_at_full_scale.py [--quick] [--out figures]

@@ -27,8 +27,10 @@ saves it as the segment's forward ends ("entering").
 The PyTorch GPT's layer norm keeps what this engine's keeps, its output and 1/std (torch_bridge.LayerNorm;
 stock torch.nn.LayerNorm keeps its input instead, as docs/benchmarks.md measures).
 
-Read: tinygrad_ckpt/torch_bridge.py (TorchGPT, run_blocks, SavedBytes, like_for_like),
-tinygrad_ckpt/planner.py (plan_chain), tinygrad_ckpt/checkpoint.py (the policies).
+Read: tinygrad_ckpt/torch_bridge/__init__.py (TorchGPT, run_blocks, SavedBytes),
+tinygrad_ckpt/torch_bridge/saves.py (TorchStep.like_for_like),
+tinygrad_ckpt/recompute/planner.py (plan_chain), tinygrad_ckpt/recompute/policies.py (the policies: Policy,
+KorthikantiSelective).
 
 Run: python lessons/11_taking_the_plan_to_pytorch.py [--quick] [--out figures]
 (needs the optional extra: pip install -e ".[torch]"; without torch the lesson says so and skips.)

@@ -25,9 +25,9 @@ float32, explicit attention, this engine's saves (set beside the paper's term by
 allocator reserve, no communication buffers). `tinygrad-ckpt estimate --precision mixed-bf16 --attention flash
 --saves megatron` takes the same split as Megatron runs it (lesson 14).
 
-Read: tinygrad_ckpt/parallel.py (the sharded modules and the collectives as one device sees them),
-tinygrad_ckpt/measure.py (ParallelStep), tinygrad_ckpt/estimate.py (korthikanti_parallel_terms),
-tinygrad_ckpt/report.py (compare_layer; `tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel`).
+Read: tinygrad_ckpt/scale/parallel.py (the sharded modules and the collectives as one device sees them),
+tinygrad_ckpt/scale/measure.py (ParallelStep), tinygrad_ckpt/scale/estimate.py (korthikanti_parallel_terms),
+tinygrad_ckpt/scale/report.py (compare_layer; `tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel`).
 
 Run: python lessons/12_when_one_gpu_is_not_enough.py [--quick] [--out figures]
 (--quick: 4 of the 32 layers, everything else as the seed.)

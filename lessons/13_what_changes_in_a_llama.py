@@ -18,11 +18,12 @@ these terms: a SwiGLU MLP keeps more per token, grouped-query attention keeps fe
 positions keep no parameter at all, and a mixture of experts multiplies the weights and states but not the
 activations or the compute. Measured here: by how much each change moves each term.
 
-Read: tinygrad_ckpt/nn.py (Llama, LlamaAttention, LlamaMLP, MixtralSparseMoeBlock), tinygrad_ckpt/ops/rotary.py,
-tinygrad_ckpt/ops/moe.py (routing, dispatch, combine; the balanced routing of the meta backend),
-tinygrad_ckpt/ops/nn.py (SiLU, RMSNorm: what each keeps), tinygrad_ckpt/functional.py
-(scaled_dot_product_attention with enable_gqa), tinygrad_ckpt/estimate.py (LlamaShape, PRESETS,
-llama_parameter_terms), tinygrad_ckpt/measure.py (SteadyStep).
+Read: tinygrad_ckpt/nn/__init__.py (Llama, LlamaAttention, LlamaMLP, MixtralSparseMoeBlock),
+tinygrad_ckpt/ops/rotary.py, tinygrad_ckpt/ops/moe.py (TopKRouting, Dispatch, Combine, balanced_indices: the
+balanced routing of the meta backend), tinygrad_ckpt/ops/nn.py (SiLU, RMSNorm: what each keeps),
+tinygrad_ckpt/functional.py (scaled_dot_product_attention with enable_gqa),
+tinygrad_ckpt/scale/estimate.py (LlamaShape, PRESETS, llama_parameter_terms),
+tinygrad_ckpt/scale/measure.py (SteadyStep).
 
 Run: python lessons/13_what_changes_in_a_llama.py [--quick] [--out figures]
 (--quick: the same width, fewer points in the experts sweep.)

@@ -27,8 +27,9 @@ What you will see:
    against the engine's per-device estimate, every difference a named term (skipped, with the reason, where
    torch.distributed or its gloo backend cannot run).
 
-Read: tinygrad_ckpt/torch_plans.py (apply_plan, measure, comparison_table), tinygrad_ckpt/torch_weights.py,
-tinygrad_ckpt/torch_dist.py (tensor_parallel, compare), tinygrad_ckpt/planner.py (plan_chain).
+Read: tinygrad_ckpt/torch_bridge/plans.py (apply_plan, measure, comparison_table),
+tinygrad_ckpt/torch_bridge/weights.py, tinygrad_ckpt/torch_bridge/dist.py (tensor_parallel, compare),
+tinygrad_ckpt/recompute/planner.py (plan_chain).
 
 Run: python lessons/15_your_own_model.py [--quick] [--out figures]
 (needs the optional extra: pip install -e ".[torch]"; without torch the lesson says so and skips.)

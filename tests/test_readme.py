@@ -1,8 +1,9 @@
-"""The README runs as printed: every command of its ```bash blocks (at quick sizes where the command has a --quick
-flag) and every ```python block, in order, in one namespace, as a reader pasting them into one session would; every
-flag it names exists on the command it names, as does every flag a `--help` names. The blocks are read from the
-README itself, so a block added or changed tomorrow is run tomorrow. Its Troubleshooting cases are checked one by
-one in tests/test_troubleshooting.py."""
+"""The README and the docs pages it sends readers to (DOCUMENTS) run as printed: every command of their ```bash blocks
+(at quick sizes where the command has a --quick flag) and every ```python block, in order, in one namespace per page,
+as a reader pasting a page into one session would; every flag they name exists on the command it names, as does
+every flag a `--help` names. The blocks are read from the pages themselves, so a block added or changed tomorrow is
+run tomorrow. The Troubleshooting cases (docs/troubleshooting.md) are checked one by one in
+tests/test_troubleshooting.py."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ from tinygrad_ckpt.app import cli
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+# the pages whose code is run and whose flags are checked here, the README first (docs/api.md is generated from the
+# docstrings; docs/checkpointing.md, benchmarks.md and gpu.md are reports that benchmarks/ writes)
+DOCUMENTS = [README] + [ROOT / "docs" / f"{name}.md" for name in
+                        ("ledger", "explorer", "estimate", "pytorch", "engine", "house", "troubleshooting")]
 
 # Commands the test leaves out, and why: setting up an environment is what CI itself does first (.ci/run).
 LEFT_OUT = {
@@ -35,17 +40,21 @@ LEFT_OUT = {
 }
 
 
-def code_blocks(lang: str, text: str | None = None) -> list[tuple[int, str]]:
-    """(line number, body) of every ```lang fenced block of the README."""
-    text = README.read_text() if text is None else text
+def _name(path: Path) -> str:
+    return str(path.relative_to(ROOT))
+
+
+def code_blocks(lang: str, text: str | None = None, path: Path = README) -> list[tuple[int, str]]:
+    """(line number, body) of every ```lang fenced block of the page at path (the README unless told)."""
+    text = path.read_text() if text is None else text
     return [(text[:m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(rf"^```{lang}\n(.*?)^```", text,
                                                                                  re.S | re.M)]
 
 
-def shell_commands(text: str | None = None) -> list[tuple[int, str]]:
+def shell_commands(text: str | None = None, path: Path = README) -> list[tuple[int, str]]:
     """(line, command) of the ```bash blocks: continuation lines joined, comments dropped, `a && b` as two."""
     commands = []
-    for line, body in code_blocks("bash", text):
+    for line, body in code_blocks("bash", text, path):
         start, pending = None, ""
         for offset, raw in enumerate(body.splitlines()):
             start = line + 1 + offset if start is None else start
@@ -76,23 +85,27 @@ def test_the_readme_has_blocks_and_the_parsing_finds_them():
     assert shell_commands(text) == [(3, "tinygrad-ckpt estimate --layers 2 --seq 8"), (5, "pip install -e ."),
                                     (5, "ls")]
     assert left_out("pip install -e .") and not left_out("ls") and not left_out("tinygrad-ckpt figures")
-    assert len(shell_commands()) >= 5 and len(code_blocks("python")) >= 4
+    assert len(shell_commands()) >= 4 and len(code_blocks("python")) >= 2
+    assert all(path.is_file() for path in DOCUMENTS)
+    assert sum(len(code_blocks("python", path=p)) for p in DOCUMENTS) >= 5
 
 
-def _command_cases():
+def _command_cases(path: Path = README):
     cases = []
-    for line, command in shell_commands():
+    prefix = "" if path == README else f"{_name(path)}:"
+    for line, command in shell_commands(path=path):
         if left_out(command):
             continue
-        cases.append(pytest.param(command, id=f"L{line}:{command[:60]}"))
+        cases.append(pytest.param(command, id=f"{prefix}L{line}:{command[:60]}"))
     return cases
 
 
 def test_the_commands_left_out_are_only_the_setup():
     """What is not run is named, with why; everything else in the ```bash blocks runs below."""
-    skipped = {c: left_out(c) for _, c in shell_commands() if left_out(c)}
+    every = [c for path in DOCUMENTS for _, c in shell_commands(path=path)]
+    skipped = {c: left_out(c) for c in every if left_out(c)}
     assert all(skipped.values())
-    ran = [c for _, c in shell_commands() if not left_out(c)]
+    ran = [c for c in every if not left_out(c)]
     assert any(c.startswith("tinygrad-ckpt estimate") for c in ran) and any(c.startswith("tinygrad-ckpt explore")
                                                                             for c in ran)
 
@@ -132,19 +145,26 @@ def test_every_readme_command_runs_as_printed(command, tmp_path, monkeypatch):
                     "or name it in LEFT_OUT with the reason")
 
 
+@pytest.mark.parametrize("command", [case for path in DOCUMENTS[1:] for case in _command_cases(path)])
+def test_every_docs_command_runs_as_printed(command, tmp_path, monkeypatch):
+    """The docs pages' commands, run exactly as the README's are."""
+    test_every_readme_command_runs_as_printed(command, tmp_path, monkeypatch)
+
+
 # ---- the ```python blocks, in order, in one namespace ----------------------------------------------------------
 def _needs_torch(code: str) -> bool:
     return bool(re.search(r"^\s*(import torch|from tinygrad_ckpt import .*torch_)", code, re.M))
 
 
 @pytest.fixture(scope="module")
-def session(tmp_path_factory):
-    """The namespace the blocks share and the folder they run in; results[i] is block i's error or None."""
-    return {"scope": {"__name__": "readme"}, "cwd": tmp_path_factory.mktemp("readme"), "results": {}}
+def sessions(tmp_path_factory):
+    """Per page: the namespace its blocks share and the folder they run in; results[i] is block i's error or None."""
+    return {path: {"scope": {"__name__": "readme"}, "cwd": tmp_path_factory.mktemp(path.stem), "results": {}}
+            for path in DOCUMENTS}
 
 
-def _run_through(session, index: int) -> None:
-    blocks = code_blocks("python")
+def _run_through(session, index: int, path: Path = README) -> None:
+    blocks = code_blocks("python", path=path)
     for i in range(len(session["results"]), index + 1):
         line, code = blocks[i]
         if _needs_torch(code):
@@ -157,7 +177,7 @@ def _run_through(session, index: int) -> None:
         os.chdir(session["cwd"])
         try:
             with contextlib.redirect_stdout(io.StringIO()):
-                exec(compile(code, f"README.md:{line}", "exec"), session["scope"])
+                exec(compile(code, f"{_name(path)}:{line}", "exec"), session["scope"])
             session["results"][i] = None
         except Exception as exc:  # recorded, reported by block i's test
             session["results"][i] = f"{type(exc).__name__}: {exc}"
@@ -165,21 +185,27 @@ def _run_through(session, index: int) -> None:
             os.chdir(here)
 
 
-@pytest.mark.parametrize("index", range(len(code_blocks("python"))),
-                         ids=[f"L{line}" for line, _ in code_blocks("python")])
-def test_every_readme_python_block_runs_as_printed(index, session):
-    line, code = code_blocks("python")[index]
-    assert not re.search(r"(?<![\w.])tg\._|\._[a-z]\w*\(", code), f"README.md:{line} uses a private name"
-    _run_through(session, index)
+PYTHON_BLOCKS = [(path, index, line) for path in DOCUMENTS
+                 for index, (line, _) in enumerate(code_blocks("python", path=path))]
+
+
+@pytest.mark.parametrize("path,index", [(path, index) for path, index, _ in PYTHON_BLOCKS],
+                         ids=[("" if p == README else f"{_name(p)}:") + f"L{line}" for p, _, line in PYTHON_BLOCKS])
+def test_every_readme_python_block_runs_as_printed(path, index, sessions):
+    line, code = code_blocks("python", path=path)[index]
+    where = f"{_name(path)}:{line}"
+    assert not re.search(r"(?<![\w.])tg\._|\._[a-z]\w*\(", code), f"{where} uses a private name"
+    session = sessions[path]
+    _run_through(session, index, path)
     if session["results"][index] == "skip":
         pytest.skip(TORCH_MISSING)
-    assert session["results"][index] is None, f"the README's block at line {line} fails: {session['results'][index]}"
+    assert session["results"][index] is None, f"the block at {where} fails: {session['results'][index]}"
 
 
 def test_the_own_model_recipe_measures_a_steady_step(tmp_path, monkeypatch):
     """Its peak is not AdamW creating its states (the first step's), so checkpointing shows what it saves: the states
     are there when the ledger starts and the peak is in backward."""
-    line, code = next(b for b in code_blocks("python") if "my_timeline.png" in b[1])
+    line, code = next(b for path in DOCUMENTS for b in code_blocks("python", path=path) if "my_timeline.png" in b[1])
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(code, f"README.md:{line}", "exec"), scope)
@@ -261,14 +287,18 @@ def test_flag_mentions_are_attributed_to_their_command():
         ("figures", "--user")]
 
 
-def test_every_flag_the_readme_names_exists_on_its_command():
-    mentions = flag_mentions(README.read_text())
-    assert any(f == "--verbose" for _, _, f in mentions)  # `tinygrad-ckpt figures ... --verbose`
+@pytest.mark.parametrize("path", DOCUMENTS, ids=_name)
+def test_every_flag_the_readme_names_exists_on_its_command(path):
+    mentions = flag_mentions(path.read_text())
+    if path == README:
+        assert any(f == "--verbose" for _, _, f in mentions)  # `tinygrad-ckpt figures ... --verbose`
+    if path.stem == "estimate":
+        assert {"--precision", "--alloc-conf", "--tensor-parallel", "--json"} <= {f for _, _, f in mentions}
     missing = []
     for line, command, flag in mentions:
         name, flags = _known_flags(command)
         if flag not in flags:
-            missing.append(f"README.md:{line}: {name} has no {flag} (it has {', '.join(sorted(flags))})")
+            missing.append(f"{_name(path)}:{line}: {name} has no {flag} (it has {', '.join(sorted(flags))})")
     assert missing == [], "\n".join(missing)
 
 

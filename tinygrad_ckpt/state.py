@@ -1,29 +1,17 @@
 """Everything the engine remembers between calls, in one place.
 
 Per thread (one `threading.local`, as PyTorch keeps its grad mode), so two threads never see each
-other's settings:
+other's settings: `grad_enabled` (off inside `no_grad()`), `prefix` (the name scope, "h.3.mlp."),
+`observers` (a Ledger, a checkpointed segment, anomaly checks, breakpoints: observe.py), `segments` (how
+many checkpointed segments run now, one inside another), `autocast` (amp.py), `saves` (whose choice of saved
+arrays the ops follow: "engine", "pytorch" or "megatron"; `saves_like`) and `seed`, `counter` (draw n uses a
+generator seeded with [seed, n]). A new thread starts with gradients on, no scope, seed 0, and the observers of
+`thread_start` (tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
 
-    grad_enabled   ops record entries when an input requires grad (off inside `no_grad()`)
-    prefix         the name scope as a dotted prefix ("h.3.mlp."); ops are named prefix + kind
-    observers      who is told about ops, saves, buffers and backward steps, newest last: a Ledger, a
-                   checkpointed segment, anomaly checks, breakpoints (see observe.py)
-    segments       how many checkpointed segments run now, one inside another (forwards or replays): a
-                   segment's observers act on the ops of their own depth only
-    autocast       the half dtype of a `tg.autocast(...)` block (amp.py), or None
-    saves          which framework's choice of saved arrays the ops follow: "engine" (this engine's own,
-                   the default), "pytorch" (PyTorch's autograd on CUDA) or "megatron" (Korthikanti et al.'s
-                   Table 2); values are the same whichever, only what is kept differs (`saves_like`)
-    seed, counter  the random-number state: draw n uses a generator seeded with [seed, n]
-
-A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
-(tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
-
-Per process: the active backend (backend.use_backend), the creation number of every tensor, the
-sequence number every entry gets when recorded, the record of buffers changed in place (each change
-also takes a sequence number, so an entry knows a saved buffer changed after it was recorded when the
-change's number is larger), the leaves that require grad by buffer (an in-place change through a
-view of one is refused), and weak references to every live tensor, optimizer and printed tape: what a
-Ledger entered now finds the engine holding already (`live_tensors`, `live_optimizers`, `live_tapes`).
+Per process: the active backend, the creation number of every tensor, the sequence number of every entry
+and of every in-place change (so an entry knows a saved buffer changed after it), the leaves that require
+grad by buffer, and weak references to every live tensor, optimizer and printed tape (what a Ledger entered
+now finds). What each field holds, in full: docs/house.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""The `tinygrad-ckpt` command.
+"""The `tinygrad-ckpt` command: arguments and dispatch (what the commands measure and print is report.py's).
 
     tinygrad-ckpt estimate                      # the seed's 7B GPT: 32 layers, d 4096, T 2048, B 4, fp16
     tinygrad-ckpt estimate --checkpoint sqrt --capacity 80GiB
     tinygrad-ckpt estimate --tensor-parallel 8 --sequence-parallel --checkpoint selective
-    tinygrad-ckpt estimate --tensor-parallel 4 --pipeline-parallel 4 --microbatches 8 --batch 8 --zero 1 \\
-        --data-parallel 2
     tinygrad-ckpt figures --quick [--only 03] [--out figures/] [--verbose]
     tinygrad-ckpt explore --layers 12 --d-model 768 --heads 12 --seq 1024 --out gpt2.html   # a page to open
 
-`estimate` builds the GPT on the meta backend (shapes only, no data), runs a first training step
-(which creates the optimizer states, float32 for AdamW as the seed assumes), then measures a second,
-steady-state step (forward, backward, optimizer step) under a ledger, and prints what the ledger measured next to the
-analytic formulas of tinygrad_ckpt/estimate.py: the seed's 12·B·T·d per layer, Korthikanti et al.'s
-sbh(34 + 5as/h), and the engine's own per-layer count. It takes seconds and a few tens of MB for a
-7B model, because no array has data.
-
-The meta run goes through every block, about 4.5 ms and 0.1 MB each whatever the sizes, so a command runs at
-most MAX_BLOCK_RUNS (8192) of them, about a minute: `estimate` takes up to 4096 layers (two steps of each block),
-fewer with pipeline microbatches or several `explore` plans. A bad argument, or a run past that limit, is answered
-with one line and exit status 2; a missing repository (a wheel install has no lessons/) with one line and status 1.
-
-With --tensor-parallel, --sequence-parallel, --pipeline-parallel/--microbatches or --zero/--data-parallel it
-runs one device's shard instead (tinygrad_ckpt/parallel.py, measure.ParallelStep) and sets one layer's saves
-beside Korthikanti et al.'s Table 2, term by term.
-
-This module parses the arguments and dispatches; what the commands measure and print is report.py's.
+`estimate` builds the model on the meta backend (shapes only), takes a first training step (the optimizer's
+states), then measures a second, steady one under a ledger and prints it beside the analytic formulas
+(scale/estimate.py), in seconds for a 7B model. A command runs at most MAX_BLOCK_RUNS (8192) block runs, about
+a minute. A bad argument, or a run past that limit, is answered with one line and exit status 2; a missing
+repository (a wheel install has no lessons/) with one line and status 1. More: docs/estimate.md, docs/house.md.
 """
 
 from __future__ import annotations

@@ -1,24 +1,17 @@
 """A fast float32 erf in a handful of NumPy passes, `erf_float32(x)`, and exact GELU the same way, `gelu_float32`.
 
-scipy.special.erf on float32 arrays runs the double-precision Cephes routine element by element
-(about 25 ns an element here), which would make exact GELU the costliest elementwise op of a block.
-GELU therefore has a fit of its own through exp (`G`, at the constants below): x·Φ(x) = x / (1 + e^(x·G(x²))).
-erf is written through tanh, which NumPy evaluates with SIMD in float32 (about 0.4 ns an element):
+scipy.special.erf on float32 runs the double-precision Cephes routine element by element (about 25 ns an
+element). GELU has a fit of its own through exp (`G`): x·Φ(x) = x / (1 + e^(x·G(x²))). erf is written through
+tanh, which NumPy evaluates with SIMD in float32:
 
     erf(x) = tanh(x·h(x²)),   h(s) = artanh(erf(√s))/√s,   h(0) = 2/√π,
 
-with h replaced by a polynomial of degree 7 (`H`), fitted by Lawson iterations against SciPy's erf
-in float64 to the least largest *relative* error of erf over |x| ≤ 4 (7.1e-8). No clamp is needed
-beyond the fit: the polynomial's top terms take over and x·h(x²) keeps growing (overflowing to +inf for
-huge |x|, where every Horner stage is positive), and NumPy's float32 tanh is exactly ±1 from ±10 on,
-which x·h(x²) reaches at |x| = 3.943 (where 1 - erf(x) = 2.5e-8, under half a float32 step below 1).
-Everything runs in float32: square, Horner (two passes a coefficient), times x, tanh: 17 ufunc passes
-and two temporaries, no Python loop over elements.
+with h a polynomial of degree 7 (`H`) fitted by Lawson iterations; no clamp is needed (tanh is exactly ±1
+from |x| = 3.943 on). 17 float32 ufunc passes and two temporaries, no Python loop over elements.
 
-Accuracy, measured over every float32 (benchmarks/erf_every_float32.py, float64 reference): max
-|erf_float32(x) - erf(x)| = 1.46e-7 (at x = 1.187: 2.5 float32 steps; PyTorch's float32 erf is within
-3.3e-8), max relative error 2.5e-7 wherever erf(x) is a normal float32, one step for subnormals;
-exactly ±1 from |x| = 3.943 on. NaN stays NaN, ±inf gives ±1, -0.0 gives -0.0. Speed: see docs/benchmarks.md.
+Accuracy over every float32 (benchmarks/erf_every_float32.py): max |erf_float32(x) - erf(x)| = 1.46e-7,
+max relative error 2.5e-7 wherever erf(x) is a normal float32. NaN stays NaN, ±inf gives ±1, -0.0 gives -0.0.
+The fit and its measurements in full: docs/house.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,16 @@
 """The "meta" backend: arrays with a shape and a dtype but no data.
 
-Like PyTorch's meta device, `tg.use_backend("meta")` runs the engine without computing anything:
-every operation works out only what NumPy would hand back: the shape, the dtype, the memory
-layout, whether the result is a view of an existing buffer or a new one, and whether it is an
-array at all or a NumPy scalar. That is all the ledger needs, so a meta run records the same
-allocations, saves and releases, with the same byte counts, and the same FLOPs as a NumPy run:
-the seed's 7B model trains for one step in seconds and a few megabytes
-(`tinygrad-ckpt estimate`).
+Like PyTorch's meta device, `tg.use_backend("meta")` runs the engine without computing anything: every
+operation works out only what NumPy would hand back (the shape, the dtype, the memory layout, whether the
+result is a view of an existing buffer or a new one, an array or a NumPy scalar). That is all the ledger needs,
+so a meta run records the same allocations, saves, releases and FLOPs as a NumPy run: the seed's 7B model
+trains for one step in seconds and a few megabytes (`tinygrad-ckpt estimate`).
 
-Only the part of NumPy that the engine calls is here; a missing function raises AttributeError
-rather than guessing. Three NumPy rules are copied because the ledger's numbers depend on them:
-
-* views: slicing, transposes, `broadcast_to` and `reshape` (when NumPy's no-copy rule allows it)
-  share their owner's buffer; `MetaArray.base` is that owner, as NumPy's `.base` is.
-* layout: new results get NumPy's strides (elementwise ops and `astype` follow their inputs'
-  memory order, matmul keeps its core axes innermost, advanced indexing puts the indexed axes
-  outermost), so that a later `reshape` is a view or a copy exactly when it is one in NumPy.
-* scalars: a 0-d result of an elementwise op, a reduction or integer indexing is a NumPy scalar,
-  not an array; here it is a `MetaScalar`, which the ledger does not count either.
-
-Result dtypes are NumPy's own: NumPy is asked on empty arrays (NEP 50 promotion, true division of
-integers, bool arithmetic, and the errors these raise). Anything that needs a value (`bool(a)`,
-`float(a)`, `.item()`, `to_numpy`, a boolean-mask index) raises `NoDataError`. Zero-size arrays
-hold no bytes, and their strides (arbitrary in NumPy) are not copied.
+Only the part of NumPy that the engine calls is here; a missing function raises AttributeError rather than
+guessing. NumPy's rules for views (`MetaArray.base`), strides and 0-d scalars (`MetaScalar`) are copied
+because the ledger's numbers depend on them; result dtypes are NumPy's own, asked on empty arrays. Anything
+that needs a value (`bool(a)`, `.item()`, a boolean-mask index) raises `NoDataError`. The rules in full:
+docs/house.md.
 """
 
 from __future__ import annotations

@@ -2,29 +2,14 @@
 
 An op writes its math once as a kernel on arrays, `kernel(out, *inputs)` (writing into `out`), and
 calls `rows(kernel, out, *inputs)`. On NumPy, for a big enough array, every array is viewed as
-[rows, *last `inner` axes] and the kernel runs on blocks of rows:
-
-- cache-sized blocks (`BLOCK_ELEMENTS`): a kernel of several NumPy passes then reads and writes its
-  temporaries in the CPU's cache instead of in memory (GELU forward on [4, 128, 1024]: 5.6 -> 3.1 ms);
-- on a small thread pool: NumPy releases the GIL inside a ufunc loop, so threads running the kernel
-  on different rows do run at once. Each thread takes a share of the rows, block by block. A kernel of
-  many short ufunc calls (erf's rational function) holds the GIL between them and gains less.
-
-Otherwise the kernel runs once on the whole arrays. Elementwise math and reductions along the kept
-axes do the same arithmetic either way, so the results are bit for bit those of one call on the whole
-arrays (tests/test_threads.py).
+[rows, *last `inner` axes] and the kernel runs on cache-sized blocks of rows (`BLOCK_ELEMENTS`) over a small
+thread pool (NumPy releases the GIL inside a ufunc loop); otherwise once on the whole arrays. The results are
+bit for bit those of one call on the whole arrays (tests/test_threads.py).
 
 Threads: `TINYGRAD_CKPT_THREADS` if set, else the cores this process may use; `set_threads(n)`.
-
-The BLAS's threads share those cores. After a product, OpenBLAS's workers spin for 2^28 cycles
-(about 0.1 s) before they sleep, so the elementwise op that follows a product gets half a core per
-thread: GELU on [4, 128, 1024] after a linear took 3.4 ms at 2 threads instead of 1.8 ms. Importing
-tinygrad_ckpt before NumPy sets `OPENBLAS_THREAD_TIMEOUT=14` (2^14 cycles, a few µs: long enough for
-the products of one batched matmul to follow each other without sleeping) unless it is set already;
-values from 4 to 24 were timed on GELU after a product and on attention's batched product, at 2
-threads. OpenBLAS reads it only when it loads, so a program that imports NumPy first keeps the long
-spin, as does TINYGRAD_CKPT_TUNE=0 (no process-wide setting at all; `state.process_settings` lists them);
-`OPENBLAS_THREAD_TIMEOUT` in docs/benchmarks.md's header says which one was measured.
+Importing tinygrad_ckpt before NumPy sets `OPENBLAS_THREAD_TIMEOUT=14` unless it is set already, so OpenBLAS's
+idle threads sleep a few µs after a product instead of spinning about 0.1 s (TINYGRAD_CKPT_TUNE=0: no
+process-wide setting; `state.process_settings` lists them). Measurements and why: docs/house.md.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@
         def backward(ctx, grad_out):
             return grad_out * ctx.saved["out"]
 
-`Function.apply` is the only place that unwraps Tensors into arrays and wraps results back. An op
-is recorded (a `TapeEntry` is made) when gradients are enabled and some input requires grad; only
-then does `ctx.save` keep anything, so an op run under `no_grad` saves nothing at all. Each call is an
-`OpCall` record, which this thread's observers see before and after the forward (observe.py).
+`Function.apply` is the only place that unwraps Tensors into arrays and wraps results back. An op is recorded (a
+`TapeEntry` is made) when gradients are enabled and some input requires grad; only then does `ctx.save` keep
+anything (under `no_grad` nothing). Each call is an `OpCall` record, which this thread's observers see (observe.py).
 """
 
 from __future__ import annotations

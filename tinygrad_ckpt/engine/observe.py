@@ -4,37 +4,15 @@ Each thread has a list of observers (`state.local.observers`, newest last); `obs
 a `with` block. The core calls these methods on every observer of the thread, newest first, and does
 nothing else for them:
 
-    on_alloc(array, category, tensor, role, op)
-                                          the engine now holds this buffer for the tensor named `tensor`: its
-                                          data (role ""; category "other" or "parameter"), its .grad or a
-                                          summed gradient (role "grad"; "gradient"), or an optimizer state
-                                          (role: the state's key "m", op: the optimizer "adamw"; "optimizer")
-    on_op_start(call)                     an op is about to run; `call` (function.OpCall) says which, on
-                                          what, under which name. An observer may set `call.record =
-                                          False` (no tape entry: a segment's first forward) or give the op's
-                                          outputs (`call.given`, and `call.given_by` = itself, with
-                                          `call.ctx.saved`) instead of running it (a checkpoint's replay)
-    on_op(call, outputs)                  its forward ran: `call.entry` is its tape entry (None when not
-                                          recorded), `call.ctx.saved` what it keeps for backward (if
-                                          recorded), `call.ctx.flops` its cost; may raise (a capacity exceeded)
-    on_save(holder, arrays) / on_release(holder, arrays)
-                                          arrays kept for backward from now / no longer, by a tape entry or
-                                          another holder with the same fields (op, name, scope): an entry's
-                                          backward ran, its graph was dropped, a policy kept an op's saves (a
-                                          policies.KeptOp also has `reason` and `role(key)`)
-    on_backward(entry)                    entry's backward is about to run (pdb stops here: tg.debug)
-    on_backward_done(entry, grad_ins)     it ran; `grad_ins` are the gradients it produced; may raise
-    on_update(kind, name, flops, arrays)  an update outside the tape ran (an optimizer step on parameter
-                                          `name`), after on_op_start(None); `arrays` are those it read and
-                                          wrote (the parameter's data, its gradient, its states); may raise
-    on_use(arrays)                        the engine read or wrote these arrays outside an op: an in-place
-                                          method, a gradient added into a .grad, a .grad dropped or replaced
-    begin_phase(name) / end_phase(name)   the events in between belong to a phase ("backward",
-                                          "recompute", "optimizer"); phases nest
-    begin_span(label) / end_span(label)   what runs in between is one named stretch of the phase it is in
-                                          (a checkpointed segment's forward)
+    on_alloc(array, category, tensor, role, op)           the engine now holds this buffer
+    on_op_start(call) / on_op(call, outputs)              an op is about to run / its forward ran (may steer, raise)
+    on_save(holder, arrays) / on_release(holder, arrays)  arrays kept for backward from now / no longer
+    on_backward(entry) / on_backward_done(entry, grad_ins)  an entry's backward is about to run / ran
+    on_update(kind, name, flops, arrays), on_use(arrays)  an update outside the tape; arrays read or written
+    begin_phase / end_phase, begin_span / end_span        a phase ("backward", ...) or a named stretch of one
 
-`Observer` below does nothing; subclass it and override what you need.
+What each method receives and may do, in full: docs/house.md. `Observer` below does nothing; subclass it and
+override what you need.
 """
 
 from __future__ import annotations

@@ -10,10 +10,9 @@ entries it reads from. What no live tensor can reach is freed by Python, saves i
 backward ran or not. `loss.tape()` lists the entries `loss` depends on, sorted by the sequence
 number each got when recorded: the familiar tape, one per graph.
 
-`backward_steps` is the whole backward pass: a generator over those entries in reverse order. Each
-step pops the gradients of the entry's outputs, calls its backward, releases its saves (unless
-retain_graph) and routes the input gradients along the edges. Step through it with
-`python -m pdb` or `tg.debug.break_before("softmax")`.
+`backward_steps` is the whole backward pass: a generator over those entries in reverse order. Each step pops the
+gradients of the entry's outputs, calls its backward, releases its saves (unless retain_graph) and routes the input
+gradients along the edges. Step through it with `python -m pdb` or `tg.debug.break_before("softmax")`.
 """
 
 from __future__ import annotations

@@ -4,19 +4,14 @@
     plain.to_html("compare.html", compare=ckpt, labels=("plain", "checkpointed"))
 
 The page is explorer.html next to this file (hand-written canvas drawing, inline CSS and JavaScript, no
-library, nothing fetched: it opens from file://) with the data of each ledger inlined as JSON. For each
-ledger, side by side on one y axis: memory over op steps stacked by category with the phases shaded and the
-peak marked (what the run used: the memory held before the ledger started that the run never touched is a
-hatched grey band on top, left out of the peak, and the page says when the ledgers differ in it), and the
-lifetimes of the saved buffers (one bar each: waiting, idle, read by backward). Hover
-for what is there, click a layer or a buffer to highlight its buffers in both views, search scoped names,
-drag to pan and scroll to zoom along the op axis. Drawing keeps, for each pixel column, the event with the
-most live bytes, so the peak is never lost however many events there are.
+library, nothing fetched: it opens from file://) with the data of each ledger inlined as JSON: memory over
+op steps stacked by category, phases shaded, peaks marked, untouched memory a hatched band on top, and the
+lifetimes of the saved buffers; hover, click, search, pan and zoom (docs/explorer.md). Each pixel column
+draws the event with the most live bytes, so the peak is never lost.
 
-This module sits below the ledger: it turns a ledger's plain data (its events, op slices, lifetimes,
-timeline and backward passes) into that JSON and writes the page, and knows nothing of the Ledger class.
-A ledger made with allocator="pytorch-cuda" adds its timeline's "reserved": a red line over the stack, the
-bytes PyTorch's caching allocator would hold in segments.
+This module sits below the ledger: it turns a ledger's plain data (events, op slices, lifetimes, timeline,
+backward passes; "reserved" under allocator="pytorch-cuda") into that JSON and writes the page, and knows
+nothing of the Ledger class.
 """
 
 from __future__ import annotations

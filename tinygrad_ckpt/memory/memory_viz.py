@@ -2,25 +2,13 @@
 
     led.to_memory_viz("step.pickle")     # open it at pytorch.org/memory_viz (the page reads it locally)
 
-The snapshot is the dict `torch.cuda.memory._snapshot()` returns:
-
-    {"segments": [the allocator's memory at the end: address, total_size, blocks active or inactive],
-     "device_traces": [[{"action", "addr", "size", "stream", "frames", "category", "time_us"}, ...]]}
-
-Every buffer the ledger saw is an "alloc" when the engine starts holding it (those alive when the ledger
-started come first, as the ledger counts them) and a "free_requested" then "free_completed" when its
-memory is really released, so replaying the trace gives the ledger's live bytes event by event: the same
-peak, the same bytes left at the end. The ledger knows buffers, not addresses, so addresses are made up:
-each buffer is placed first-fit in one segment, on 512-byte boundaries as CUDA's caching allocator does;
-sizes are exact. A buffer's frames are its history, one per role it played, as memory_viz prints a stack:
-`category:op step:scoped name (action, phase)`, e.g. `activation:14:transformer.h.0.mlp.gelu:x (saved, forward)`.
-Its `category`, which memory_viz colors by, is the one it held longest. Empty (0-byte) buffers are left
-out, and so are the buffers a bounded ledger (keep_iterations) saw allocated before the events it kept.
-A ledger made with allocator="pytorch-cuda" has placed every buffer as PyTorch's caching allocator would
-(cuda_allocator.Placement): its addresses are used instead, its segment_alloc / segment_free / map / unmap
-events come in the trace where they happened, and the segments at the end are the allocator's, with their
-real sizes and the cached (inactive) blocks between the live ones.
-Written with pickle protocol 4: memory_viz's JavaScript unpickler refuses 5.
+The snapshot is the dict `torch.cuda.memory._snapshot()` returns ("segments", "device_traces"). Every buffer
+the ledger saw is an "alloc" when the engine starts holding it and a "free_requested" then "free_completed"
+when its memory is really released, so replaying the trace gives the ledger's live bytes event by event.
+Addresses are made up (first-fit in one segment, 512-byte boundaries) unless the ledger was made with
+allocator="pytorch-cuda", whose placements, segment events and segments are used; sizes are exact. A
+buffer's frames are its history, one per role: `category:op step:scoped name (action, phase)`.
+Written with pickle protocol 4: memory_viz's JavaScript unpickler refuses 5. In full: docs/house.md.
 """
 
 from __future__ import annotations

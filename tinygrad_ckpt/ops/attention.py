@@ -7,17 +7,11 @@ that lie wholly in the future):
     s = (q·scale) kᵀ,  m' = max(m, rowmax s),  p = e^(s - m'),  l ← l·e^(m - m') + Σ p,
     acc ← acc·e^(m - m') + p v;          at the end  out = acc / l,  lse = m + log l.
 
-It saves q, k, v, the output and the per-row log-sum-exp (B·H·T numbers), never a [T, T] array.
-With fewer key/value heads than query heads (grouped-query attention) each key/value head serves its
-group of G query heads by broadcasting, so k and v are kept once, never repeated G times.
-Backward recomputes each block's probabilities from lse, P = e^(s - lse), and with
-D = rowsum(dO ∘ O):  dV += Pᵀ dO,  dP = dO Vᵀ,  dS = P ∘ (dP - D),  dQ += dS K·scale,  dK += dSᵀ Q·scale.
-That is one more [T, T]-sized matrix product than the explicit path's backward: the price of the
-bytes it does not keep (lesson 10).
-
-Dropout on the attention weights draws one mask per block from a reserved random stream
-(backend.next_stream): the forward keeps only the stream's two integers, and the backward (or a
-checkpoint's replay) regenerates each block's mask from them.
+It saves q, k, v, the output and the per-row log-sum-exp (B·H·T numbers), never a [T, T] array (k and v once
+under grouped-query attention). Backward recomputes each block's probabilities from lse, P = e^(s - lse), and
+with D = rowsum(dO ∘ O): dV += Pᵀ dO, dP = dO Vᵀ, dS = P ∘ (dP - D), dQ += dS K·scale, dK += dSᵀ Q·scale: one
+more [T, T]-sized product than the explicit path's backward (lesson 10). Attention dropout regenerates each
+block's mask from a reserved random stream (backend.next_stream). In full: docs/house.md.
 """
 
 from __future__ import annotations

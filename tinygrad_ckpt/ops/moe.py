@@ -1,23 +1,15 @@
 """A mixture of experts' three steps (Shazeer et al. 2017; Mixtral, Jiang et al. 2024), each one op:
 
-    route:     p = softmax(router logits) over E experts; each token's k largest p (its experts, `indices`
-               [N, k], largest first) and their weights w = p_chosen / Σ p_chosen (renormalised over the k);
-    dispatch:  expert e's tokens x[rows_e], where rows_e are the tokens that chose e (`picks`: positions
-               token·k + slot in the flattened [N, k] choice, ascending);
+    route:     p = softmax(router logits) over E experts; each token's k largest p (`indices` [N, k]) and
+               their weights w = p_chosen / Σ p_chosen (renormalised over the k);
+    dispatch:  expert e's tokens x[rows_e], the tokens that chose e (`picks`: positions token·k + slot);
     combine:   out[n] = Σ over n's k choices of w[n, slot]·y_e[i], y_e the expert's output for those rows.
 
-So every token goes through its k experts only: expert e's linears run on its rows alone.
-
-Under saves_like("pytorch") the three ops keep, besides what their backward reads, what PyTorch's autograd keeps
-for Hugging Face's Mixtral block (softmax, topk, a division by the sum, per expert torch.where, an indexed weight
-times the expert's output, index_add): the [N, E] probabilities and the [N, 1] sum (routing), each choice's slot
-(dispatch: where's second column), and per expert the [n_e, 1] weights and the weighted output [n_e, d] that
-index_add keeps as its source (combine).
-
-Values decide the shapes here (how many tokens each expert takes). The shape-only meta backend has no values,
-so there every expert takes a balanced share: the N·k choices dealt round robin, expert e taking ⌈(N·k - e)/E⌉ of
-them (`balanced_indices`: token n's slot j goes to expert (n·k + j) mod E). A NumPy run can route that way too
-(nn's MoE block with `routing="balanced"`), and then its ledger equals the meta ledger event for event.
+So every token goes through its k experts only. Under saves_like("pytorch") the ops also keep what PyTorch's
+autograd keeps for Hugging Face's Mixtral block. Values decide the shapes (how many tokens each expert takes);
+the meta backend has none, so there every expert takes a balanced share (`balanced_indices`: token n's slot j
+goes to expert (n·k + j) mod E), as a NumPy run with `routing="balanced"` can, and then its ledger equals the
+meta ledger event for event. What each op keeps, in full: docs/house.md.
 """
 
 from __future__ import annotations

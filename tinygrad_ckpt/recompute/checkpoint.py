@@ -2,24 +2,17 @@
 
     y = tg.checkpoint(block, x)          # the same value as block(x)
 
-Forward: `fn` runs once under a `SegmentForward` observer (observe.py): its ops compute as usual and their outputs
-still require grad, but no tape entry is made, so nothing they save is kept. The segment notes the RNG state
-before each op and the tensors from outside it that its ops read. Then one ordinary op is recorded,
-`Checkpoint`, whose inputs are fn's tensor arguments and the outside tensors that require grad (parameters,
-tensors in a closure); it saves only the arguments' data.
+Forward: `fn` runs once under a `SegmentForward` observer (engine/observe.py): its ops compute as usual but
+no tape entry is made, so nothing they save is kept; the RNG state before each op and the outside tensors its
+ops read are noted. Then one ordinary op, `Checkpoint`, is recorded; it saves only the arguments' data.
 
-Backward: the Checkpoint entry first checks that no outside tensor the segment read was changed in place
-since (the plain graph's rule), then replays `fn` on fresh leaves holding the saved arguments, each op with
-the RNG state it had in the forward (ledger phase "recompute"), into a private graph. It backpropagates
-through that graph and returns its inputs' gradients; parameters receive theirs in `.grad` during the replay,
-op by op, as in the plain run. Dropout draws the same masks, so the gradients are bitwise identical.
+Backward: the Checkpoint entry checks that no outside tensor the segment read was changed in place, then
+replays `fn` on fresh leaves, each op with the RNG state it had in the forward (ledger phase "recompute"),
+and backpropagates through that private graph: the gradients are bitwise identical, dropout included.
 
-Three features layer on the same hook, each an observer of the forward whose `replay(saved)` gives the
-observer of the replay, each in its own module and switched by an argument: `policy=` keeps chosen ops'
-saves and serves them in the replay (policies.py); `early_stop=True` serves the ops at the end that backward
-does not need (early_stop.py); `determinism_check=` compares the replay's saves with the forward's
-(replay_check.py). The op sequence is always checked (replay_check.SegmentReplay). Running blocks under a plan,
-each checkpointed segment through `checkpoint`, is checkpoint_plans.py.
+Opt-in features, each an observer of the segment in its own module: `policy=` (policies.py), `early_stop=True`
+(early_stop.py), `determinism_check=` (replay_check.py, which always checks the op sequence). Blocks under a
+plan: plans.py. In full: docs/house.md.
 """
 
 from __future__ import annotations

@@ -6,14 +6,13 @@ Layer k of a chain 0..n-1 has four costs (``LayerCost``):
     b_k  bytes of its input x_k, which a checkpoint starting at k keeps,
     t_k  FLOPs of its tail: the last ops a replay that ends with layer k need not run, because backward
          reads none of their outputs and they save only their inputs (a block's last linear and residual
-         add; the engine's early stop, tinygrad_ckpt.checkpoint).
-A ``Plan`` cuts [start, stop) into contiguous segments. A plain segment holds a_k from layer k's forward
-until its backward. A checkpointed segment [p, q) holds only x_p in the forward; in the backward it replays
-its inner plan over [p, q) (those forward FLOPs are recompute, less t_{q-1} if layer q-1 runs plainly in
-it: an inner checkpoint that ends the replay runs whole), runs that plan's backward, then drops x_p.
-Held items form a set: x_p already held by an enclosing checkpoint costs nothing again. Temporaries and
-gradients are not modelled. ``simulate`` runs exactly this model; ``plan_chain`` finds the plan with the
-least recompute whose simulated peak fits a budget (the heterogeneous-chain form of Revolve).
+         add; the engine's early stop, recompute/early_stop.py).
+A ``Plan`` cuts [start, stop) into contiguous segments. A plain segment holds a_k from layer k's forward until its
+backward. A checkpointed segment [p, q) holds only x_p in the forward; in the backward it replays its inner plan
+over [p, q) (those forward FLOPs are recompute, less t_{q-1} if layer q-1 runs plainly in it: an inner checkpoint
+that ends the replay runs whole), runs that plan's backward, then drops x_p. Held items form a set: x_p already
+held by an enclosing checkpoint costs nothing again. Temporaries and gradients are not modelled. ``simulate``
+runs this model; ``plan_chain`` finds the least-recompute plan within a budget (Revolve, for a heterogeneous chain).
 """
 
 from __future__ import annotations

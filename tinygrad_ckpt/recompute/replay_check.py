@@ -4,16 +4,15 @@ While the forward runs, `Observations` notes what every op saved and returned: s
 ("metadata"), and with "values" a fingerprint of the bits. The replay is observed the same way (`Comparison`)
 and the first op that differs is named in a `CheckpointError`.
 
-A fingerprint is the wrapping sum of an array's words, so a change to any one element changes it (and -0.0
-differs from 0.0: the replay must be bit for bit); a NumPy array of at most 4 KiB is hashed instead (a 64-bit
-hash: a change shows but for a 2^-64 chance). Each array is read once per pass: a layer norm's output, which
-the next linear keeps as its input, is fingerprinted once, and a view saved out of a buffer not much bigger
-than itself (attention's q, kᵀ and v, out of one qkv buffer) by that whole buffer. Arrays made before the
-segment (parameters, arguments) are not recomputed, so they are checked by shape and dtype (a change to them
-in place is caught by the checkpoint's version check). Of each op's own outputs, the first 64 elements are
-fingerprinted, enough to name the first op whose values drift; an output an op saves is checked whole with
-its saves. An op served in the replay (kept by a policy, past the early stop) returns stand-ins: its saves
-are checked, not its outputs.
+A fingerprint is the wrapping sum of an array's words, so a change to any one element changes it (and -0.0 differs
+from 0.0: the replay must be bit for bit); a NumPy array of at most 4 KiB is hashed instead (a 64-bit hash: a change
+shows but for a 2^-64 chance). Each array is read once per pass: a layer norm's output, which the next linear keeps
+as its input, is fingerprinted once, and a view saved out of a buffer not much bigger than itself (attention's q, kᵀ
+and v, out of one qkv buffer) by that whole buffer. Arrays made before the segment (parameters, arguments) are not
+recomputed, so they are checked by shape and dtype (a change to them in place is caught by the checkpoint's version
+check). Of each op's own outputs, the first 64 elements are fingerprinted, enough to name the first op whose values
+drift; an output an op saves is checked whole with its saves. An op served in the replay (kept by a policy, past the
+early stop) returns stand-ins: its saves are checked, not its outputs.
 """
 
 from __future__ import annotations

@@ -3,21 +3,14 @@
     usable_bytes("H100-80GB")        # 84,508,606,464 B (78.7 GiB): the device's memory less CUDA's own
     parse_gpu("nvidia h100 80gb hbm3").total_bytes    # 85,045,477,376 B
 
-`total_bytes` is the memory as the device reports it: cudaGetDeviceProperties' totalGlobalMem, which is
-`torch.cuda.get_device_properties(0).total_memory` (and `cudaMemGetInfo`'s total). It is less than the
-marketed size (an "80 GB" H100 reports 79.2 GiB) and less than nvidia-smi's total, which counts memory the
-driver keeps; it moves by a few MiB between driver versions and ECC settings. Each value is one published
-capture, cited in `source`.
+`total_bytes` is the memory as the device reports it (cudaGetDeviceProperties' totalGlobalMem, which is
+`torch.cuda.get_device_properties(0).total_memory`): less than the marketed size (an "80 GB" H100 reports
+79.2 GiB) and than nvidia-smi's total. Each value is one published capture, cited in `source`.
 
 `overhead_bytes` is what the process takes before the first tensor, outside PyTorch's caching allocator:
-CUDA_OVERHEAD = 512 MiB by default. The CUDA context holds the driver's state and the kernels it has
-loaded; with lazy module loading (CUDA >= 11.7, PyTorch's default) PyTorch's maintainers measure about 300
-MB (pytorch/pytorch#107667) to 400 MB (pytorch/pytorch#109888), where it used to be over 1 GB. On top
-come library workspaces: cuBLASLt's is 32 MiB per handle on Hopper and 4 MiB on Ampere cards of 24 GB and
-more (pytorch/pytorch#120925), cuDNN's and cuBLAS's own are allocated by the libraries. 512 MiB rounds that
-up; it is an assumption, not a measurement: pass overhead_bytes (`Device(..., overhead_bytes=...)`) to use
-one, and add NCCL's buffers (hundreds of MiB per communicator) for a distributed run. A desktop card that
-also drives a display loses more.
+CUDA_OVERHEAD = 512 MiB by default (the CUDA context, about 300-400 MB with lazy module loading, and library
+workspaces, rounded up). It is an assumption, not a measurement: pass overhead_bytes (`Device(...,
+overhead_bytes=...)`) to use one, and add NCCL's buffers for a distributed run. Sources: docs/house.md.
 """
 
 from __future__ import annotations

@@ -1,21 +1,14 @@
 """Analytic memory and compute estimates for GPT-style training.
 
-Every formula is written one named term per line, with its unit and its source.
-Sources, cited in comments as [tag]:
-
-* [seed]  the course text, "The Memory Problem Activation Checkpointing Solves".
-* [K22]   Korthikanti et al. 2022, "Reducing Activation Recomputation in Large
-          Transformer Models" (arXiv:2205.05198), sec. 4.1, Eq. 1 and Table 2.
-* [C16]   Chen, Xu, Zhang, Guestrin 2016, "Training Deep Nets with Sublinear
-          Memory Cost" (arXiv:1604.06174), sec. 4, Eq. 1.
-* [nanoGPT] karpathy/nanoGPT model.py parameter layout (bias=True, tied lm_head).
-* [Adam]  Adam/AdamW keep two fp32 moments per parameter (m, v); mixed precision
-          adds an fp32 master copy (16 bytes/param with 2-byte params and grads).
-* [engine] what this engine's ops save for backward in a pre-LN nanoGPT block.
-* [HF]    Hugging Face transformers' LlamaForCausalLM / MixtralForCausalLM parameter layout (no biases,
-          grouped key/value heads, SwiGLU, lm_head untied unless tie_word_embeddings).
-* [Meta]  Meta's Llama reference code: the SwiGLU width 2/3·4d, rounded up to multiple_of.
-* [configs] the models' published config.json / params.json (presets below).
+Every formula is written one named term per line, with its unit and its source, cited in comments as [tag]:
+[seed] the course text, "The Memory Problem Activation Checkpointing Solves"; [K22] Korthikanti et al. 2022,
+"Reducing Activation Recomputation in Large Transformer Models" (arXiv:2205.05198), sec. 4.1, Eq. 1 and
+Table 2; [C16] Chen, Xu, Zhang, Guestrin 2016, "Training Deep Nets with Sublinear Memory Cost"
+(arXiv:1604.06174), sec. 4, Eq. 1; [nanoGPT] karpathy/nanoGPT model.py's parameter layout; [Adam] two fp32
+moments per parameter (m, v), plus an fp32 master copy in mixed precision; [engine] what this engine's ops
+save in a pre-LN nanoGPT block; [HF] Hugging Face's LlamaForCausalLM / MixtralForCausalLM parameter layout;
+[Meta] Meta's Llama reference code (the SwiGLU width 2/3·4d, rounded up to multiple_of); [configs] the
+models' published config.json / params.json (presets below). Each source in full: docs/house.md.
 
 Pure Python: sizes are ints of bytes (or FLOPs); nothing here needs NumPy.
 """

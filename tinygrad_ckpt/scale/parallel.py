@@ -4,20 +4,13 @@
     model = DeviceShard(GPTShape(...), par)       # what device 0 holds and runs (on the meta backend: seconds)
 
 Tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits each block's matrices over t devices: c_attn
-and c_fc are column-parallel (each device computes 3d/t and 4d/t output features: a/t heads and a 4d/t slice
-of the hidden layer), c_proj of attention and MLP are row-parallel (each device multiplies its d/t and 4d/t
-input slice; the partial sums are added across devices). The embedding and lm_head are split over the vocabulary.
-Without sequence parallelism the layer norms, dropouts and residual adds run on the whole [B, T, d] tensor on
-every device. Sequence parallelism (Korthikanti et al. 2022) splits those along the sequence: each device holds
-[B, T/t, d]; before a column-parallel linear the sequence is all-gathered (the linear keeps only the local
-slice and gathers again in backward), after a row-parallel one the sum is reduce-scattered.
+and c_fc column-parallel, the projections row-parallel, the embedding and lm_head over the vocabulary.
+Sequence parallelism (Korthikanti et al. 2022) splits the layer norms, dropouts and residual adds along the
+sequence ([B, T/t, d]): all-gathered before a column-parallel linear, reduce-scattered after a row-parallel one.
 
-One device is simulated alone: a collective is an op with the shapes and the saves of the real one, and the
-values of the other devices are taken to equal this device's (an all-gather repeats the local slice t times,
-a reduce-scatter sums t equal slices). The shapes, and so every byte the ledger counts, are those of the
-real device; the values are not.
-
-Pipeline parallelism (p stages of L/p blocks, 1F1B schedule) and ZeRO are in `measure.ParallelStep`.
+One device is simulated alone: a collective is an op with the shapes and the saves of the real one, the other
+devices' values taken to equal this one's; so every byte the ledger counts is the real device's, the values
+are not. Pipeline parallelism and ZeRO are in `measure.ParallelStep`. In full: docs/house.md.
 """
 
 from __future__ import annotations

@@ -8,15 +8,11 @@ beside the engine's per-device estimate (measure.ParallelStep, what `tinygrad-ck
     rows = compare(spec, ranks)             # per rank: parameters, gradients, AdamW states, saved per layer, peak
     print(table(rows))
 
-Each rank builds the model (same seed, same weights), computes the unsplit model's loss on its batch (the check
-that the split computes the same thing), splits it, applies the plan (torch_plans.apply_plan), takes one AdamW step
-(its states then exist) and measures the next: the parameters, gradients and optimizer states it holds (a DTensor's
-local shard), and what it kept for backward, per layer, and the peak (torch_plans.measure). parallel="tp": DTensor
-tensor parallelism in Megatron's split (`tensor_parallel`: c_attn and c_fc column-parallel, the projections
-row-parallel, the embedding and the tied lm_head over the vocabulary, the loss vocabulary-parallel), with
-sequence=True also sequence parallelism (norms and residuals on [B, T/t, d]); parallel="fsdp": FSDP2 (fully_shard
-each block, then the model: ZeRO-3 over the ranks, each rank its own batch). The model must be written so that it
-runs on a shard: heads from the width (view(B, T, -1, hd)), the fused q, k, v split in three equal parts.
+Each rank builds the model, checks that the split computes the unsplit loss, splits it (parallel="tp": DTensor
+tensor parallelism in Megatron's split, `tensor_parallel`, with sequence=True also sequence parallelism;
+parallel="fsdp": FSDP2), applies the plan (torch_bridge.plans.apply_plan), takes one AdamW step and measures
+the next. The model must run on a shard (heads from the width, q, k, v split in three equal parts).
+In full: docs/house.md and docs/pytorch.md.
 """
 
 from __future__ import annotations

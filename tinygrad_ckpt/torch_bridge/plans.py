@@ -1,37 +1,17 @@
 """The engine's checkpoint plans and policies on any torch.nn.Module, and what PyTorch keeps, per module.
 
     apply_plan(model, "every_layer")                  # its blocks found: transformer.h, model.layers, h, ...
-    apply_plan(model, 4, blocks="encoder.layer")       # 4 balanced segments of the blocks at that path
-    apply_plan(model, None, policy=tg.korthikanti_selective)           # every block, selectively
     apply_plan(model, ("budget", 2**20), step=lambda: model(idx, idx)[1])   # the planner, from measured costs
+    apply_plan(model, None, policy=tg.korthikanti_selective)           # every block, selectively
     remove_plan(model)                                 # the model as it was: forward, state_dict, hooks
     saves = measure(model, lambda: model(idx, idx)[1])   # one forward + backward, what PyTorch kept, per module
     print(comparison_table(saves, led))               # beside the engine's ledger, layer by layer
 
-A plan is what nn.GPT(checkpoint=...) takes: "every_layer", "sqrt", k (balanced segments), a planner.Plan (nested
-plans nest checkpoints), ("budget", bytes) (planner.plan_chain over the costs `measure_costs` measures on this
-model with `step`, a function running its forward and returning the loss), or None (no checkpoint; with a policy:
-every block). Each checkpointed segment runs under torch.utils.checkpoint.checkpoint(use_reentrant=False).
-
-How a plan reaches a model whose forward it does not own: each block of a checkpointed segment gets its own
-`forward` (an instance attribute, so state_dict, parameters and the class are untouched). The segment's first
-block runs the whole segment in one checkpoint (the planner's Plan.run, as the engine's models do) with the
-arguments the model gave it (a mask, rotary tables), and returns the last block's output; the segment's other
-blocks then hand that output on. So the model's forward must chain its blocks (each block called once, in order,
-on the previous block's output: hidden states first, or as `hidden_states=`); a block may return a tensor or a
-tuple whose first item is the hidden states. Anything else is refused by name when it happens.
-
-Scope names are module paths ("transformer.h.3.attn"), kept by forward hooks on every module, so policies and
-SavedBytes name a model that never heard of this engine as the engine names its own ops; each aten op gets the
-engine's op kind (`op_kind`: fused attention kernels are "chunked_attention", the engine's one-op attention that
-keeps q, k, v, the output and the log-sum-exp; a matrix product in a Linear or Hugging Face Conv1D is "linear").
-
-A policy runs as selective checkpointing (`_PolicyCache`): in a segment's forward the outputs of the ops the policy
-keeps are cached, and served in the replay instead of run. Unlike torch.utils.checkpoint's own
-create_selective_checkpoint_contexts, a cached output that backward never needs (no recomputed op reads it, no
-autograd node keeps it: a Linear's output before a residual add) is let go at the end of the forward (the replay
-gets an empty stand-in of its shape), and one a later in-place op changed is recomputed instead of served; so a
-policy keeps at most what running the segment plainly keeps, never more.
+A plan is what nn.GPT(checkpoint=...) takes; each checkpointed segment runs under
+torch.utils.checkpoint.checkpoint(use_reentrant=False), its blocks given their own `forward` (state_dict is
+untouched), so the model's forward must chain its blocks. Scope names are module paths, so policies and
+SavedBytes name the model's ops as the engine names its own. A policy runs as selective checkpointing that never
+keeps more than running the segment plainly. How, and what is refused: docs/pytorch.md, docs/house.md.
 """
 
 from __future__ import annotations

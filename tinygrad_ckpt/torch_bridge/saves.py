@@ -1,24 +1,15 @@
 """The engine's plans and policies run in PyTorch, and what PyTorch keeps for backward, measured.
 
-`run_blocks(blocks, x, spec)` runs a list of torch modules as the engine's GPT(checkpoint=spec) would. Plans
-("every_layer", "sqrt", k segments, a planner Plan) run their checkpointed segments with
-`torch.utils.checkpoint.checkpoint(use_reentrant=False)`. A `Policy` (tg.save_matmuls,
-tg.korthikanti_selective, ...) checkpoints every block with selective activation checkpointing
-(`selective_contexts`, on `create_selective_checkpoint_contexts`): each aten op is given the engine's op kind
-(`engine_op`: aten.addmm in a Linear is "linear", aten.bmm is "matmul", aten.native_layer_norm "layer_norm", ...)
-and the scoped name it would have in this engine ("transformer.h.3.attn.softmax"), and the engine's policy
-decides save or recompute.
+`run_blocks(blocks, x, spec)` runs a list of torch modules as the engine's GPT(checkpoint=spec) would: plans
+with `torch.utils.checkpoint.checkpoint(use_reentrant=False)`, a `Policy` with selective activation
+checkpointing (`selective_contexts`), each aten op given the engine's op kind (`engine_op`) and scoped name.
 
-`SavedBytes` counts what PyTorch holds for backward over the step, each storage once (by
-untyped_storage().data_ptr(), nbytes), from when it is kept until autograd lets it go: tensors packed by
-`torch.autograd.graph.saved_tensors_hooks` outside checkpointed segments (a checkpoint's own inputs among
-them); inside them, the tensors the replay rebuilds (held from the replay until backward reads them) and the
-outputs selective checkpointing caches in forward (held until the replay takes them). Parameters are not
-counted. This is the number to set beside the ledger's activation bytes; `measure_step` takes one forward and
-backward under it, and `TorchStep.like_for_like` replays its log counting each storage as the engine would.
-
-The models it runs live in torch_bridge (TorchGPT, TorchLlama), any other model's blocks in torch_plans. It
-needs the optional extra `[torch]`.
+`SavedBytes` counts what PyTorch holds for backward over the step, each storage once, from when it is kept
+until autograd lets it go: saved tensors outside checkpointed segments, and inside them what the replay
+rebuilds and what selective checkpointing caches; parameters are not counted. `measure_step` takes one forward
+and backward under it, and `TorchStep.like_for_like` counts each storage as the engine would.
+The models it runs live in torch_bridge (TorchGPT, TorchLlama), any other model's blocks in torch_bridge.plans.
+It needs the optional extra `[torch]`. In full: docs/house.md.
 """
 
 from __future__ import annotations
