@@ -2,6 +2,9 @@
 allocator simulated (cuda_allocator.Placement). The reserved bytes join the summary, the timeline, the explorer and
 the memory_viz export; a capacity is then also checked as cudaMalloc would."""
 
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -143,3 +146,13 @@ def test_the_explorer_draws_the_reserved_line():
 def test_bad_allocator_arguments_are_refused_by_name(kwargs, error, match):
     with pytest.raises(error, match=match):
         tg.Ledger(**kwargs)
+
+
+def test_the_allocator_is_loaded_only_when_a_ledger_asks_for_it():
+    """The simulation is a plugged-in collaborator: a plain Ledger never imports it; allocator= does."""
+    code = ("import sys, tinygrad_ckpt; tinygrad_ckpt.Ledger(); "
+            "print('tinygrad_ckpt.memory.cuda_allocator' in sys.modules); "
+            "tinygrad_ckpt.Ledger(allocator='pytorch-cuda'); "
+            "print('tinygrad_ckpt.memory.cuda_allocator' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]

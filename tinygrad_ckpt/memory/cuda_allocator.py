@@ -1,262 +1,42 @@
 """PyTorch's CUDA caching allocator, simulated: where "reserved" comes from, and why it exceeds "allocated".
 
-PyTorch does not give a dead tensor's memory back to CUDA: its caching allocator keeps the segment it got
-from cudaMalloc (reserved) and hands pieces of it to later tensors (allocated). This module replays the
-allocator's rules in plain Python, so the ledger's stream of buffers says what a CUDA run would reserve:
+PyTorch does not give a dead tensor's memory back to CUDA: its caching allocator keeps the segment it got from
+cudaMalloc (reserved) and hands pieces of it to later tensors (allocated). This module replays the allocator's
+rules in plain Python (each method names the function of c10/cuda/CUDACachingAllocator.cpp it follows, read at
+v2.x, commit 001074d), so the ledger's stream of buffers says what a CUDA run would reserve:
 
-    alloc = CachingAllocator("expandable_segments:True")     # PYTORCH_CUDA_ALLOC_CONF's syntax
+    alloc = CachingAllocator("expandable_segments:True")     # PYTORCH_CUDA_ALLOC_CONF's syntax (alloc_conf.py)
     block = alloc.malloc(12 * MiB); alloc.free(block)
     alloc.reserved, alloc.allocated, alloc.peak_reserved, alloc.snapshot()
     trace = simulate(led.events)     # reserved and allocated bytes after every ledger event
 
-Each rule follows a function of PyTorch's c10/cuda/CUDACachingAllocator.cpp (read at v2.x, commit 001074d;
-later releases keep these rules and move the settings to c10/core/AllocatorConfig.cpp, read at 065861f):
-
-  rounding      a request is rounded up to a multiple of 512 B, or to a power-of-two division if asked
-                (round_size, roundup_power2_next_division)
-  pools         up to 1 MiB from the small pool, above from the large pool (get_pool, kSmallSize)
-  segments      a new segment is 2 MiB for a small request, 20 MiB for 1-10 MiB, else the request rounded
-                up to 2 MiB (get_allocation_size: kSmallBuffer, kLargeBuffer, kMinLargeAlloc, kRoundLarge)
-  best fit      the smallest cached block of the stream that fits, the lowest address among equals
-                (get_free_block, BlockComparatorSize)
-  splitting     the rest is split off if >= 512 B are left (small pool or expandable segments), if > 1 MiB
-                are left (large pool) (should_split, alloc_found_block)
-  freeing       a freed block merges with free neighbours and stays cached (free_block, try_merge_blocks)
-  empty_cache   every segment with nothing allocated goes back to CUDA (release_cached_blocks, release_blocks)
-  out of memory a failed cudaMalloc frees cached oversize blocks and retries, then frees every unsplit cached
-                segment and retries; then raises (malloc, alloc_block, release_available_cached_blocks)
-  max_split_size  blocks this large are never split and serve only requests within 20 MiB of their size
-                (get_free_block, should_split; the 20 MiB is kLargeBuffer at 001074d, later releases make it
-                the max_non_split_rounding_mb option)
-  expandable_segments  one segment per pool and stream, grown by mapping 2 MiB (small) / 20 MiB (large) pages
-                (find_expandable_block, map_block, unmap_block, try_allocate_expandable_block)
-
-Facts carried over, code written anew. Left out: cross-stream uses (`record_stream` events), CUDA graphs'
-private pools, `garbage_collection_threshold` (it acts only under a per-process memory fraction), the
-free-memory callbacks. Addresses are simulated (the one cudaMalloc would return is the driver's): each
-segment gets the next free range above BASE_ADDRESS; sizes and offsets inside a segment are PyTorch's.
+Its memory (segments, blocks, pools) is cuda_memory.py. Facts carried over, code written anew. Left out:
+cross-stream uses (`record_stream`), CUDA graphs' private pools, `garbage_collection_threshold`, the free-memory
+callbacks. Addresses are simulated; sizes and offsets inside a segment are PyTorch's.
 """
 
 from __future__ import annotations
 
-import bisect
-import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..units import format_bytes
+from .alloc_conf import (  # noqa: F401 (MiB, MIN_BLOCK_SIZE, allocation_size: re-exported for the allocator's users)
+    DEFAULT,
+    LARGE_BUFFER,
+    MIN_BLOCK_SIZE,
+    ROUND_LARGE,
+    SMALL_BUFFER,
+    SMALL_SIZE,
+    MiB,
+    Settings,
+    allocation_size,
+    round_size,
+)
+from .cuda_memory import BASE_ADDRESS, MemoryBlock, Pool, Segment, snapshot
 
-MiB = 2**20
-MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded to at least this
-SMALL_SIZE = 1 * MiB  # kSmallSize: the largest request served from the small pool
-SMALL_BUFFER = 2 * MiB  # kSmallBuffer: a small-pool segment; an expandable small segment's page
-LARGE_BUFFER = 20 * MiB  # kLargeBuffer: the segment of a 1-10 MiB request; an expandable large segment's page
-MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: from here a request gets a segment of its own size
-ROUND_LARGE = 2 * MiB  # kRoundLarge: that segment's size is rounded up to this
-POWER2_INTERVALS = 16  # roundup_power2_divisions has one value per [2^k, 2^(k+1)) MiB, k = 0..15 (AllocatorConfig.cpp)
-BASE_ADDRESS = 0x7000_0000_0000  # below 2**53: memory_viz reads addresses as JavaScript numbers
 DEFAULT_DEVICE_BYTES = 2**40  # sizes an expandable segment's address range when no capacity is given
-
-
-@dataclass(frozen=True)
-class Settings:
-    """The PYTORCH_CUDA_ALLOC_CONF options that decide where bytes go (c10/core/AllocatorConfig.cpp).
-
-    max_split_size: blocks this large or larger are never split (max_split_size_mb; None = no limit, the
-    default). max_non_split_rounding: how much larger than the request such a block may be
-    (max_non_split_rounding_mb, default 20 MiB). roundup_power2_divisions: 0 (off, the default) or a power of
-    two, one for all sizes, or a mapping {MiB: divisions, ">": divisions} as PyTorch's list form.
-    expandable_segments: grow one segment per pool instead of making many."""
-
-    max_split_size: int | None = None
-    max_non_split_rounding: int = LARGE_BUFFER
-    roundup_power2_divisions: object = 0  # kept as the 16 per-interval values
-    expandable_segments: bool = False
-
-    def __post_init__(self):
-        for name, floor in (("max_split_size", LARGE_BUFFER), ("max_non_split_rounding", LARGE_BUFFER)):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < floor):
-                raise ValueError(f"{name} must be at least {format_bytes(floor)} (PyTorch refuses less), got {value!r}")
-        object.__setattr__(self, "roundup_power2_divisions", _divisions(self.roundup_power2_divisions))
-
-    @classmethod
-    def parse(cls, conf: str) -> Settings:
-        """Settings from PYTORCH_CUDA_ALLOC_CONF's text, e.g. "expandable_segments:True,max_split_size_mb:128"
-        or "roundup_power2_divisions:[256:1,512:2,>:4]" (AllocatorConfig::parseArgs)."""
-        options = {}
-        for key, value in re.findall(r"(\w+)\s*:\s*(\[[^\]]*\]|[^,]+)", conf):
-            value = value.strip()
-            if key == "max_split_size_mb":
-                options["max_split_size"] = int(value) * MiB
-            elif key == "max_non_split_rounding_mb":
-                options["max_non_split_rounding"] = int(value) * MiB
-            elif key == "expandable_segments":
-                if value not in ("True", "False"):
-                    raise ValueError(f"expandable_segments takes True or False, got {value!r}")
-                options["expandable_segments"] = value == "True"
-            elif key == "roundup_power2_divisions":
-                pairs = re.findall(r"([0-9]+|>)\s*:\s*([0-9]+)", value)
-                options[key] = {(k if k == ">" else int(k)): int(v) for k, v in pairs} if value.startswith("[") \
-                    else int(value)
-            elif key not in ("backend", "garbage_collection_threshold", "release_lock_on_cudamalloc"):
-                raise ValueError(f"unknown allocator option {key!r}: the simulation knows max_split_size_mb, "
-                                 "max_non_split_rounding_mb, roundup_power2_divisions, expandable_segments")
-        return cls(**options)
-
-
-def _divisions(value) -> tuple:
-    """The 16 per-interval division counts (parseRoundUpPower2Divisions: the first MiB key also covers the
-    intervals below it, ">" every interval after the last key)."""
-    if isinstance(value, tuple) and len(value) == POWER2_INTERVALS:
-        out = list(value)
-    elif isinstance(value, int):
-        out = [value] * POWER2_INTERVALS
-    elif isinstance(value, dict):
-        out, last = [0] * POWER2_INTERVALS, -1
-        for key, n in value.items():
-            if key == ">":
-                out[last + 1:] = [n] * (POWER2_INTERVALS - last - 1)
-                continue
-            if key <= 0 or key & (key - 1):
-                raise ValueError(f"roundup_power2_divisions: intervals are powers of two in MiB, got {key}")
-            index = min(key.bit_length() - 1, POWER2_INTERVALS - 1)
-            if last < 0:
-                out[:index] = [n] * index
-            out[index], last = n, index
-    else:
-        raise ValueError(f"roundup_power2_divisions takes an int or a {{MiB: divisions}} mapping, got {value!r}")
-    if any(n < 0 or n & (n - 1) for n in out):
-        raise ValueError(f"roundup_power2_divisions must be 0 or powers of two, got {value!r}")
-    return tuple(out)
-
-
-DEFAULT = Settings()
-
-
-def round_size(nbytes: int, settings: Settings = DEFAULT) -> int:
-    """What a request of `nbytes` occupies (round_size): at least 512 B, then a multiple of 512 B; with
-    roundup_power2_divisions n for its interval and nbytes > 512·n, the next of n equal steps between two
-    powers of two instead (roundup_power2_next_division): with n = 4, 5000 B -> 5120 B (steps of 1024 B
-    between 4096 and 8192), while 1200 B <= 512·4 keeps the plain rounding, 1536 B."""
-    if nbytes < MIN_BLOCK_SIZE:
-        return MIN_BLOCK_SIZE
-    n = settings.roundup_power2_divisions[min(max(nbytes.bit_length() - 1 - 20, 0), POWER2_INTERVALS - 1)]
-    if n > 1 and nbytes > MIN_BLOCK_SIZE * n:
-        if nbytes & (nbytes - 1) == 0:
-            return nbytes
-        floor = 1 << (nbytes.bit_length() - 1)
-        step = floor >> (n.bit_length() - 1)
-        return -(-nbytes // step) * step
-    return -(-nbytes // MIN_BLOCK_SIZE) * MIN_BLOCK_SIZE
-
-
-def allocation_size(size: int) -> int:
-    """The segment cudaMalloc'd for a rounded request that no cached block serves (get_allocation_size)."""
-    if size <= SMALL_SIZE:
-        return SMALL_BUFFER
-    if size < MIN_LARGE_ALLOC:
-        return LARGE_BUFFER
-    return -(-size // ROUND_LARGE) * ROUND_LARGE
-
-
-@dataclass(eq=False)
-class Block:
-    """A range of one segment, handed to a tensor (allocated) or cached; `requested` is what the tensor asked
-    for, before rounding. Blocks of a segment are a chain in address order (struct Block: prev, next); with
-    expandable segments a block is either mapped (backed by memory) or a stretch of unmapped address space."""
-
-    address: int
-    size: int
-    segment: Segment
-    requested: int = 0
-    allocated: bool = False
-    mapped: bool = True
-    prev: Block | None = field(default=None, repr=False)
-    next: Block | None = field(default=None, repr=False)
-
-    @property
-    def stream(self) -> int:
-        return self.segment.stream
-
-    @property
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-    def __repr__(self) -> str:
-        state = "allocated" if self.allocated else "cached" if self.mapped else "unmapped"
-        return f"Block({self.address:#x}, {format_bytes(self.size)}, {state})"
-
-
-@dataclass(eq=False)
-class Segment:
-    """One cudaMalloc, or with expandable segments one reserved address range mapped page by page."""
-
-    address: int
-    size: int  # bytes; for an expandable segment, its whole address range
-    pool: str  # "small" | "large"
-    stream: int = 0
-    page: int = 0  # an expandable segment's page (0: not expandable)
-    head: Block | None = field(default=None, repr=False)
-
-    @property
-    def expandable(self) -> bool:
-        return self.page > 0
-
-    def blocks(self):
-        block = self.head
-        while block is not None:
-            yield block
-            block = block.next
-
-    @property
-    def reserved(self) -> int:
-        return sum(b.size for b in self.blocks() if b.mapped)
-
-
-class _Ordered:
-    """Blocks kept sorted by a key (std::set with a comparator): insert, erase, lower_bound. A block's key
-    must not change while it is inside."""
-
-    def __init__(self, key):
-        self.key, self.keys, self.items = key, [], {}
-
-    def add(self, block: Block) -> None:
-        k = self.key(block)
-        bisect.insort(self.keys, k)
-        self.items[k] = block
-
-    def remove(self, block: Block) -> None:
-        k = self.key(block)
-        del self.keys[bisect.bisect_left(self.keys, k)], self.items[k]
-
-    def lower_bound(self, key) -> int:
-        return bisect.bisect_left(self.keys, key)
-
-    def __getitem__(self, i: int) -> Block:
-        return self.items[self.keys[i]]
-
-    def __len__(self) -> int:
-        return len(self.keys)
-
-    def __iter__(self):
-        return iter([self.items[k] for k in self.keys])
-
-
-class Pool:
-    """The cached (free, mapped) blocks of one pool by (stream, size, address), the best-fit order of
-    BlockComparatorSize; and expandable segments' unmapped ranges by (stream, address) (struct BlockPool)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.blocks = _Ordered(lambda b: (b.stream, b.size, b.address))
-        self.unmapped = _Ordered(lambda b: (b.stream, b.address))
-
-    @property
-    def small(self) -> bool:
-        return self.name == "small"
-
 
 class AllocatorOutOfMemory(MemoryError):
     """The simulated device had no room even after the cache was emptied (malloc's "CUDA out of memory")."""
@@ -292,7 +72,7 @@ class CachingAllocator:
 
     # --- the public calls -------------------------------------------------------------------------------
 
-    def malloc(self, nbytes: int, stream: int = 0) -> Block:
+    def malloc(self, nbytes: int, stream: int = 0) -> MemoryBlock:
         """A block for `nbytes` (DeviceCachingAllocator::malloc): the best cached fit, else a new segment,
         else (out of device memory) free cached segments and retry; split off what the request leaves."""
         if isinstance(nbytes, bool) or not isinstance(nbytes, (int, np.integer)) or nbytes <= 0:
@@ -315,8 +95,9 @@ class CachingAllocator:
                 free = 0 if self.capacity is None else self.capacity - self.reserved
                 self._record("oom", free, size, stream)  # TraceEntry::OOM carries the device's free bytes
                 raise AllocatorOutOfMemory(nbytes, alloc_size, self.allocated, self.reserved, self.capacity)
-        if self._should_split(block, size):
-            block = self._split(block, size, pool)
+        if self._should_split(block, size):  # alloc_found_block: the rest stays cached
+            block = block.cut(size)
+            pool.blocks.add(block.next)
         block.allocated, block.requested = True, nbytes
         self.allocated += block.size
         self.requested += nbytes
@@ -325,7 +106,7 @@ class CachingAllocator:
         self._record("alloc", block.address, nbytes, stream)
         return block
 
-    def free(self, block: Block) -> None:
+    def free(self, block: MemoryBlock) -> None:
         """Return a block to its pool (free, free_block): it merges with free neighbours; nothing goes back
         to CUDA."""
         if not block.allocated:
@@ -357,19 +138,8 @@ class CachingAllocator:
                     self.segments.remove(block.segment)
 
     def snapshot(self) -> list[dict]:
-        """The segments as `torch.cuda.memory._snapshot()["segments"]` lists them (snapshot): address,
-        total_size, allocated/active/requested sizes, segment_type, blocks with address, size, requested_size
-        and state; an expandable segment is one entry per contiguous mapped range. Frames are empty."""
-        out = []
-        for seg in sorted(self.segments, key=lambda s: s.address):
-            run = []
-            for block in list(seg.blocks()) + [None]:
-                if block is not None and block.mapped:
-                    run.append(block)
-                elif run:
-                    out.append(_segment_entry(seg, run))
-                    run = []
-        return out
+        """The segments as `torch.cuda.memory._snapshot()["segments"]` lists them (cuda_memory.snapshot)."""
+        return snapshot(self.segments)
 
     def memory_stats(self) -> dict:
         """The counters of `torch.cuda.memory_stats()` this model keeps, under the same keys."""
@@ -381,7 +151,7 @@ class CachingAllocator:
 
     # --- finding a block ----------------------------------------------------------------------------------
 
-    def _get_free_block(self, pool: Pool, size: int, stream: int) -> Block | None:
+    def _get_free_block(self, pool: Pool, size: int, stream: int) -> MemoryBlock | None:
         """get_free_block: the first cached block of this stream in (size, address) order with size >= the
         request; an expandable block counts what it could grow into, so a block that ends before unmapped space
         is passed over for a smaller-growth one. An oversize block (>= max_split_size) serves only requests
@@ -409,7 +179,7 @@ class CachingAllocator:
         blocks.remove(block)
         return block
 
-    def _should_split(self, block: Block, size: int) -> bool:
+    def _should_split(self, block: MemoryBlock, size: int) -> bool:
         """should_split: small pool (or expandable segments) if at least 512 B are left; large pool if the
         request is below max_split_size and more than 1 MiB is left."""
         remaining = block.size - size
@@ -418,22 +188,9 @@ class CachingAllocator:
         limit = self.settings.max_split_size
         return (limit is None or size < limit) and remaining > SMALL_SIZE
 
-    def _split(self, block: Block, size: int, pool: Pool) -> Block:
-        """alloc_found_block: the first `size` bytes become the tensor's block; the rest stays cached."""
-        front = Block(block.address, size, block.segment, prev=block.prev, next=block)
-        if block.prev is not None:
-            block.prev.next = front
-        else:
-            block.segment.head = front
-        block.prev = front
-        block.address += size
-        block.size -= size
-        pool.blocks.add(block)
-        return front
-
     # --- getting memory from CUDA and giving it back --------------------------------------------------------
 
-    def _alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int) -> Block | None:
+    def _alloc_block(self, pool: Pool, size: int, alloc_size: int, stream: int) -> MemoryBlock | None:
         """alloc_block: a new segment of alloc_size from cudaMalloc (None when the device is full); with
         expandable segments, map pages instead."""
         if self.settings.expandable_segments:
@@ -441,7 +198,7 @@ class CachingAllocator:
         if not self._fits(alloc_size):
             return None
         seg = Segment(self._reserve_address(alloc_size), alloc_size, pool.name, stream)
-        seg.head = Block(seg.address, alloc_size, seg)
+        seg.head = MemoryBlock(seg.address, alloc_size, seg)
         self.segments.append(seg)
         self._grow(alloc_size)
         self._record("segment_alloc", seg.address, alloc_size, stream)
@@ -468,7 +225,7 @@ class CachingAllocator:
             i -= 1
         return released >= key
 
-    def _release_block(self, block: Block, pool: Pool) -> None:
+    def _release_block(self, block: MemoryBlock, pool: Pool) -> None:
         """release_block: cudaFree a whole cached segment."""
         pool.blocks.remove(block)
         self.segments.remove(block.segment)
@@ -477,7 +234,7 @@ class CachingAllocator:
 
     # --- expandable segments ------------------------------------------------------------------------------
 
-    def _try_allocate_expandable_block(self, pool: Pool, size: int, stream: int) -> Block | None:
+    def _try_allocate_expandable_block(self, pool: Pool, size: int, stream: int) -> MemoryBlock | None:
         """try_allocate_expandable_block: at the lowest address with room (free then unmapped space), map
         pages until one free block holds `size`; None when the device is full."""
         candidate = self._find_expandable_block(pool, size, stream)
@@ -491,7 +248,7 @@ class CachingAllocator:
         pool.blocks.remove(candidate)
         return candidate
 
-    def _find_expandable_block(self, pool: Pool, size: int, stream: int) -> Block:
+    def _find_expandable_block(self, pool: Pool, size: int, stream: int) -> MemoryBlock:
         """find_expandable_block: the lowest unmapped range (with the free block before it) that reaches
         `size`, else a new segment: an address range of 9/8 the device's memory, nothing mapped."""
         def allocatable(b):
@@ -511,12 +268,12 @@ class CachingAllocator:
         device = self.capacity if self.capacity is not None else DEFAULT_DEVICE_BYTES
         span = -(-(device + device // 8) // page) * page
         seg = Segment(self._reserve_address(span), span, pool.name, stream, page=page)
-        seg.head = Block(seg.address, span, seg, mapped=False)
+        seg.head = MemoryBlock(seg.address, span, seg, mapped=False)
         self.segments.append(seg)
         pool.unmapped.add(seg.head)
         return seg.head
 
-    def _map_block(self, block: Block, size: int, pool: Pool) -> bool:
+    def _map_block(self, block: MemoryBlock, size: int, pool: Pool) -> bool:
         """map_block: back the first `size` bytes of an unmapped block with whole pages; the rest stays
         unmapped; the new memory merges with a free block before or after it."""
         page = block.segment.page
@@ -527,13 +284,7 @@ class CachingAllocator:
         pool.unmapped.remove(block)
         block.mapped = True
         if mapped < block.size:
-            rest = Block(address + mapped, block.size - mapped, block.segment, mapped=False, prev=block,
-                         next=block.next)
-            if block.next is not None:
-                block.next.prev = rest
-            block.next = rest
-            block.size = mapped
-            pool.unmapped.add(rest)
+            pool.unmapped.add(block.cut_back(block.size - mapped, mapped=False))
         self._merge(block, block.prev, pool)
         self._merge(block, block.next, pool)
         pool.blocks.add(block)
@@ -541,7 +292,7 @@ class CachingAllocator:
         self._record("segment_map", address, mapped, block.stream)
         return True
 
-    def _unmap_block(self, block: Block, pool: Pool) -> None:
+    def _unmap_block(self, block: MemoryBlock, pool: Pool) -> None:
         """unmap_block: unmap the whole pages inside a free block; the partial pages at its ends stay
         mapped as free blocks."""
         seg, page = block.segment, block.segment.page
@@ -551,20 +302,10 @@ class CachingAllocator:
             return
         pool.blocks.remove(block)
         if begin > block.address:
-            before = Block(block.address, begin - block.address, seg, prev=block.prev, next=block)
-            if block.prev is not None:
-                block.prev.next = before
-            else:
-                seg.head = before
-            block.prev = before
-            pool.blocks.add(before)
+            pool.blocks.add(block.cut(begin - block.address))
         if end < block.address + block.size:
-            after = Block(end, block.address + block.size - end, seg, prev=block, next=block.next)
-            if block.next is not None:
-                block.next.prev = after
-            block.next = after
-            pool.blocks.add(after)
-        block.address, block.size, block.mapped = begin, end - begin, False
+            pool.blocks.add(block.cut_back(block.address + block.size - end, mapped=True))
+        block.mapped = False
         self._merge(block, block.prev, pool)
         self._merge(block, block.next, pool)
         pool.unmapped.add(block)
@@ -573,23 +314,13 @@ class CachingAllocator:
 
     # --- small helpers --------------------------------------------------------------------------------------
 
-    def _merge(self, dst: Block, src: Block | None, pool: Pool) -> int:
+    def _merge(self, dst: MemoryBlock, src: MemoryBlock | None, pool: Pool) -> int:
         """try_merge_blocks: absorb a free neighbour of the same kind (both mapped or both unmapped) into
         dst, which is in neither set; returns the bytes absorbed."""
         if src is None or src.allocated or src.mapped != dst.mapped:
             return 0
         (pool.blocks if src.mapped else pool.unmapped).remove(src)
-        if dst.prev is src:
-            dst.address, dst.prev = src.address, src.prev
-            if src.prev is not None:
-                src.prev.next = dst
-            else:
-                dst.segment.head = dst
-        else:
-            dst.next = src.next
-            if src.next is not None:
-                src.next.prev = dst
-        dst.size += src.size
+        dst.absorb(src)
         return src.size
 
     def _pool(self, segment: Segment) -> Pool:
@@ -611,17 +342,6 @@ class CachingAllocator:
         self.history.append({"action": action, "addr": address, "size": size, "stream": stream})
 
 
-def _segment_entry(seg: Segment, blocks: list) -> dict:
-    """One segment of a memory_viz snapshot (SegmentInfo / BlockInfo as torch.cuda.memory._snapshot writes)."""
-    active = [b for b in blocks if b.allocated]
-    return {"device": 0, "address": blocks[0].address, "total_size": sum(b.size for b in blocks),
-            "allocated_size": sum(b.size for b in active), "active_size": sum(b.size for b in active),
-            "requested_size": sum(b.requested for b in active), "stream": seg.stream, "segment_type": seg.pool,
-            "segment_pool_id": (0, 0), "is_expandable": seg.expandable, "frames": [],
-            "blocks": [{"address": b.address, "size": b.size, "requested_size": b.requested if b.allocated else 0,
-                        "state": "active_allocated" if b.allocated else "inactive", "frames": []} for b in blocks]}
-
-
 class Placement:
     """A ledger's buffers placed by a CachingAllocator as the engine takes and frees them (what
     `Ledger(allocator="pytorch-cuda")` runs, and `simulate` replays): a buffer's first event is a malloc of its
@@ -634,7 +354,7 @@ class Placement:
 
     def __init__(self, settings: Settings | str | None = None, capacity_bytes: int | None = None):
         self.allocator = CachingAllocator(settings, capacity_bytes)
-        self.blocks: dict[int, Block] = {}  # buffer id -> its block, while held
+        self.blocks: dict[int, MemoryBlock] = {}  # buffer id -> its block, while held
         self.addresses: dict[int, int] = {}  # buffer id -> its block's address (every buffer placed)
         self.after_event: list[int] = []  # reserved bytes after each event
         self.segment_events: list[tuple[int, dict]] = []  # (seq, memory_viz trace entry)

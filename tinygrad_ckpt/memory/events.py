@@ -14,6 +14,7 @@ Imports nothing of the package: the ledger fills these tables, the exporters and
 
 from __future__ import annotations
 
+import functools
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
@@ -28,6 +29,9 @@ CATEGORIES = ("parameter", "optimizer", "gradient", "activation", "other", "unto
 PHASES = ("forward", "backward", "recompute", "optimizer")
 ACTIONS = ("existing", "allocated", "saved", "recomputed", "restored", "unsaved", "released", "retagged", "op")
 OP = ACTIONS.index("op")
+EXISTING, ALLOCATED, SAVED, RECOMPUTED, RESTORED, UNSAVED, RELEASED, RETAGGED = range(8)  # ACTIONS' codes
+FORWARD, BACKWARD, RECOMPUTE, OPTIMIZER = range(4)  # PHASES' codes
+PARAMETER, OPTIMIZER_STATE, GRADIENT, ACTIVATION, OTHER, UNTOUCHED = range(6)  # CATEGORIES' codes, strongest first
 NO_CATEGORY = len(CATEGORIES)  # an op marker belongs to no category
 _CATEGORY_OR_NONE = (*CATEGORIES, "")
 _FROM = ("", *CATEGORIES)  # from_category code 0: no move
@@ -106,6 +110,11 @@ def code(action: int, phase: int, category: int, from_category: int, origin: int
     return origin << 16 | from_category << 12 | category << 8 | phase << 4 | action
 
 
+@functools.cache
+def _dtype_name(dtype) -> str:
+    return str(dtype)
+
+
 class EventLog(Sequence):
     """The events, as columns (time, nbytes, live, buffer, packed codes), and the op slices (`ops`).
 
@@ -124,6 +133,43 @@ class EventLog(Sequence):
 
     def __len__(self) -> int:
         return len(self.code)
+
+    def append(self, time: float, nbytes: int, live: int, buffer: int, code: int) -> None:
+        """One more event: when (seconds since the ledger started), its bytes, the bytes live after it, its buffer
+        (-1: none) and its packed fields (events.code)."""
+        self.time.append(time)
+        self.nbytes.append(nbytes)
+        self.live.append(live)
+        self.buffer.append(buffer)
+        self.code.append(code)
+
+    def append_op(self, seq: int, t0: float, flops: int) -> None:
+        """One more op slice: the seq of its "op" event, when it began, its FLOPs."""
+        self.op_seq.append(seq)
+        self.op_t0.append(t0)
+        self.op_flops.append(flops)
+
+    @property
+    def next_seq(self) -> int:
+        """The seq the next event will have (events recorded so far, dropped ones included)."""
+        return self.first + len(self.code)
+
+    @property
+    def steps(self) -> int:
+        """Op slices recorded so far, dropped ones included."""
+        return self.first_op + len(self.op_seq)
+
+    def origin(self, a, path: str, name: str, op: str, scope: str, role: str, tensor: str, kept: str) -> int:
+        """The index of an event's origin (Origin), made once: `path` (an op's scoped name or a tensor's name)
+        gives the layer; array `a` (or None) the shape and dtype."""
+        shape, dtype = (a.shape, a.dtype) if a is not None else ((), "")
+        key = (name, op, scope, role, tensor, kept, shape, dtype)
+        i = self.origin_index.get(key)
+        if i is None:
+            i = self.origin_index[key] = len(self.origins)
+            self.origins.append(Origin(name, op, scope, layer_of(path), role, tensor, kept, tuple(shape),
+                                       _dtype_name(dtype) if a is not None else ""))
+        return i
 
     def __getitem__(self, i):
         if isinstance(i, slice):

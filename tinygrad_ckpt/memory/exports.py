@@ -84,9 +84,16 @@ def memory_viz(led, path=None) -> dict:
     return snap
 
 
-def html(path, ledgers: list, labels=None, title: str | None = None) -> str:
-    """The explorer page of these ledgers side by side (labels: one string each; default "ledger 1", ...)."""
+def html(path, led, compare=None, labels=None, title: str | None = None) -> str:
+    """The explorer page of ledger `led` and those in `compare` (one, or a list; of led's class) side by side
+    (labels: one string each; default "ledger 1", ...)."""
     check_path("to_html", path)  # every argument is checked before the file is opened
+    others = [] if compare is None else list(compare) if isinstance(compare, (list, tuple)) else [compare]
+    for i, other in enumerate(others):
+        if not isinstance(other, type(led)):
+            raise TypeError(f"to_html: compare must be a Ledger or a list of Ledgers, got {type(other).__name__}"
+                            + (f" at position {i}" if isinstance(compare, (list, tuple)) else ""))
+    ledgers = [led, *others]
     if title is not None and not isinstance(title, str):
         raise TypeError(f"to_html: title must be a string (or None for the default), got {type(title).__name__}")
     if labels is None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import pickle
 
-from .cuda_allocator import BASE_ADDRESS  # well below 2**53: memory_viz reads addresses as JavaScript numbers
+from .cuda_memory import BASE_ADDRESS  # well below 2**53: memory_viz reads addresses as JavaScript numbers
 
 PROTOCOL = 4
 ALIGNMENT = 512
