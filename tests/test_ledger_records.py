@@ -98,8 +98,8 @@ FORBIDDEN = [
     (r"""indexOf\(\s*["']:""", "searches a name for ':' (JavaScript)"),
 ]
 ALLOWED = {  # file -> patterns it may use, and why
-    "tinygrad_ckpt/memory/events.py": {r"""layer_of\("""},  # defines it; EventLog.origin calls it once per origin
-    "tinygrad_ckpt/torch_bridge/saves.py": {r"""layer_of\("""},  # a PyTorch module path's layer
+    "tinygrad_ckpt/memory/events.py": {r"""\blayer_of\("""},  # defines it; EventLog.origin calls it once per origin
+    "tinygrad_ckpt/torch_bridge/saves.py": {r"""\blayer_of\("""},  # a PyTorch module path's layer
 }
 
 
