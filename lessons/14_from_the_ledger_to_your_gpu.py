@@ -141,7 +141,7 @@ def main(quick: bool = False, out: str = "figures") -> dict:
 
     C.heading("4. Allocated and reserved over one step (PyTorch AMP + flash, no checkpointing)")
     led = result["runs"]["PyTorch AMP + flash"]["none"]["led"]
-    traces = {conf or "default": cuda_allocator.simulate(led.events, conf or None)
+    traces = {conf or "default": cuda_allocator.trace_events(led.events, conf or None)
               for conf in ("", "expandable_segments:True")}
     for name, trace in traces.items():
         print(f"  {name:<26} reserved peak {C.format_bytes(trace.peak_reserved)}, allocated (blocks) peak "

@@ -27,7 +27,7 @@ from tinygrad_ckpt.memory.cuda_allocator import (
     Settings,
     allocation_size,
     round_size,
-    simulate,
+    trace_events,
 )
 
 KiB, MiB = 2**10, 2**20
@@ -380,7 +380,7 @@ def rounded_live(events) -> tuple[np.ndarray, np.ndarray]:
 
 
 def test_a_gpt_step_replayed_reserves_at_least_what_it_allocates(gpt_step):
-    trace = simulate(gpt_step)
+    trace = trace_events(gpt_step)
     assert len(trace.reserved) == len(gpt_step) and trace.fits
     assert (trace.requested == [ev.live for ev in gpt_step]).all()  # the ledger's live bytes, event by event
     assert (trace.reserved >= trace.allocated).all() and (trace.allocated >= trace.requested).all()
@@ -403,7 +403,7 @@ def test_a_gpt2_shaped_step_on_meta():
 
     led, _ = SteadyStep(GPTShape(n_layer=2, d_model=768, n_head=12, seq_len=1024, batch=2)).measure(None)
     events = led.events
-    plain, grown = simulate(events), simulate(events, "expandable_segments:True")
+    plain, grown = trace_events(events), trace_events(events, "expandable_segments:True")
     rounded, large = rounded_live(events)
     assert large.max() > 0
     for trace in (plain, grown):
@@ -418,11 +418,11 @@ def test_a_gpt2_shaped_step_on_meta():
 
 
 def test_a_capacity_below_the_reserved_peak_stops_the_replay(gpt_step):
-    trace = simulate(gpt_step, capacity_bytes=MiB)  # not even one 2 MiB small segment
+    trace = trace_events(gpt_step, capacity_bytes=MiB)  # not even one 2 MiB small segment
     first = next(i for i, ev in enumerate(gpt_step) if ev.action in ("existing", "allocated") and ev.nbytes)
     assert not trace.fits and trace.oom["event"] == first == len(trace.reserved)
     assert "CUDA out of memory" in trace.oom["message"]
-    assert simulate(gpt_step, capacity_bytes=2 * MiB).fits  # the reserved peak fits exactly
+    assert trace_events(gpt_step, capacity_bytes=2 * MiB).fits  # the reserved peak fits exactly
 
 
 # --- against PyTorch's own allocator, where there is one -----------------------------------------------------

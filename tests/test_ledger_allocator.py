@@ -43,7 +43,7 @@ def recorded(checkpoint=None, **kwargs):
 def test_the_reserved_timeline_is_the_allocator_replayed_over_the_ledgers_buffers():
     led = recorded()
     tl = led.timeline()
-    replay = cuda_allocator.simulate(led.events)  # the same rules, run afterwards over the events
+    replay = cuda_allocator.trace_events(led.events)  # the same rules, run afterwards over the events
     assert len(tl["reserved"]) == len(tl["total"]) == len(led.events)
     assert np.array_equal(tl["reserved"], replay.reserved)
     assert np.array_equal(replay.requested, tl["total"])  # every byte the ledger counts is placed: none lost

@@ -8,7 +8,7 @@ v2.x, commit 001074d), so the ledger's stream of buffers says what a CUDA run wo
     alloc = CachingAllocator("expandable_segments:True")     # PYTORCH_CUDA_ALLOC_CONF's syntax (alloc_conf.py)
     block = alloc.malloc(12 * MiB); alloc.free(block)
     alloc.reserved, alloc.allocated, alloc.peak_reserved, alloc.snapshot()
-    trace = simulate(led.events)     # reserved and allocated bytes after every ledger event
+    trace = trace_events(led.events) # reserved and allocated bytes after every ledger event
 
 Its memory (segments, blocks, pools) is cuda_memory.py. Facts carried over, code written anew. Left out:
 cross-stream uses (`record_stream`), CUDA graphs' private pools, `garbage_collection_threshold`, the free-memory
@@ -344,7 +344,7 @@ class CachingAllocator:
 
 class Placement:
     """A ledger's buffers placed by a CachingAllocator as the engine takes and frees them (what
-    `Ledger(allocator="pytorch-cuda")` runs, and `simulate` replays): a buffer's first event is a malloc of its
+    `Ledger(allocator="pytorch-cuda")` runs, and `trace_events` replays): a buffer's first event is a malloc of its
     nbytes, its real release a free. Keeps where each buffer was placed, the reserved bytes after every event
     (`after_event`, one per event the ledger emits) and the segment events (memory_viz's segment_alloc / free /
     map / unmap and oom, each with the seq of the event it came with). A malloc that runs out of memory places
@@ -412,7 +412,7 @@ class Trace:
         return self.oom is None
 
 
-def simulate(events, settings: Settings | str | None = None, capacity_bytes: int | None = None) -> Trace:
+def trace_events(events, settings: Settings | str | None = None, capacity_bytes: int | None = None) -> Trace:
     """Replay a ledger's events (records with seq, action, nbytes, buffer; from_category if they have one)
     through a Placement: a buffer's first event ("existing" or "allocated", not a move from another category)
     is a malloc of its nbytes, its "released" a free; other actions move a buffer between categories and

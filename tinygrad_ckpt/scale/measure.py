@@ -254,7 +254,7 @@ class ParallelStep:
         """The ledger's events as this device holds them under ZeRO stage z over d replicas: optimizer states ÷ d
         (z ≥ 1), the parameters' gradients ÷ d (z ≥ 2), parameters ÷ d (z = 3); everything else as measured.
         (ZeRO's gather and reduce-scatter buffers are not modelled.) Records with seq, action, nbytes, category,
-        buffer, from_category and name: what cuda_allocator.simulate reads."""
+        buffer, from_category and name: what cuda_allocator.trace_events reads."""
         z, d = self.par.zero, self.par.data
         params = {p.name for p in self.model.parameters()}
 

@@ -103,7 +103,7 @@ def measured(step: SteadyStep, optimizer: str, checkpoint, ledger=None, seconds:
 @dataclass
 class DeviceFit:
     """The step on a GPU: the capacity for tensors (a devices.Device's usable bytes, or a number given), the
-    peak PyTorch's caching allocator would reserve (cuda_allocator.simulate on the ledger's events, with its
+    peak PyTorch's caching allocator would reserve (cuda_allocator.trace_events on the ledger's events, with its
     settings), and whether it fits in those terms (the simulation runs out of memory, or not, at the capacity)."""
 
     capacity: int | None
@@ -119,11 +119,11 @@ def device_fit(events, capacity: int | None, device=None, settings: str = "") ->
     """Replay a ledger's events through the simulated allocator, at `capacity` (None: unbounded): the buffers the
     run used (what the process held before and never touched, "untouched", is no part of the run's device)."""
     events = [e for e in events if e.category != "untouched"]
-    trace = cuda_allocator.simulate(events, settings or None, capacity)
+    trace = cuda_allocator.trace_events(events, settings or None, capacity)
     if trace.fits:
         return DeviceFit(capacity, device, settings, trace.peak_reserved, trace.peak_allocated,
                          None if capacity is None else True, None)
-    unbounded = cuda_allocator.simulate(events, settings or None)  # what it would have reserved
+    unbounded = cuda_allocator.trace_events(events, settings or None)  # what it would have reserved
     return DeviceFit(capacity, device, settings, unbounded.peak_reserved, unbounded.peak_allocated, False, trace.oom)
 
 
@@ -248,7 +248,7 @@ def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, a
     if fit is not None:
         conf = f", {fit.settings}" if fit.settings else ""
         lines.append(_row("reserved (PyTorch's allocator)", _b(fit.reserved_peak), "",
-                          f"cuda_allocator.simulate over the ledger's buffers{conf}"))
+                          f"cuda_allocator.trace_events over the ledger's buffers{conf}"))
     outside = m.outside_blocks_saved
     lines += ["", "activations saved per block            bytes                   × layers",
               _row("measured (ledger, mean over blocks)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
