@@ -12,7 +12,9 @@ other's settings:
     autocast       the half dtype of a `tg.autocast(...)` block (amp.py), or None
     saves          which framework's choice of saved arrays the ops follow: "engine" (this engine's own,
                    the default), "pytorch" (PyTorch's autograd on CUDA) or "megatron" (Korthikanti et al.'s
-                   Table 2); values are the same whichever, only what is kept differs (`saves_like`)
+                   Table 2); values are the same whichever, only what is kept differs (tg.saves_like)
+    op_variants    that framework's ops: {engine op: the variant saving what it saves} (`op_variant`), empty
+                   for "engine" (scale/save_profiles.py fills it)
     seed, counter  the random-number state: draw n uses a generator seeded with [seed, n]
 
 A new thread starts with gradients on, no scope, seed 0, and the observers of `thread_start`
@@ -54,6 +56,7 @@ class ThreadState(threading.local):
         self.segments = 0
         self.autocast = None
         self.saves = "engine"
+        self.op_variants: dict = {}
         self.seed, self.counter = 0, 0
 
     def __repr__(self) -> str:
@@ -173,12 +176,9 @@ SAVES = {
 }
 
 
-def saves_like(framework: str):
-    """Ops recorded in the block save what `framework` saves (see SAVES): "engine", "pytorch" or "megatron". The
-    values computed are the same whichever; what the ledger counts changes (this thread only)."""
-    if framework not in SAVES:
-        raise ValueError(f"saves_like: framework must be one of {', '.join(map(repr, SAVES))}, got {framework!r}")
-    return patched(saves=framework)
+def op_variant(fn):
+    """The op to run for the engine op `fn` under the saves mode in force: its variant, or `fn` itself."""
+    return local.op_variants.get(fn, fn)
 
 
 def name_scope(name: str):

@@ -8,11 +8,8 @@
 
 So every token goes through its k experts only: expert e's linears run on its rows alone.
 
-Under saves_like("pytorch") the three ops keep, besides what their backward reads, what PyTorch's autograd keeps
-for Hugging Face's Mixtral block (softmax, topk, a division by the sum, per expert torch.where, an indexed weight
-times the expert's output, index_add): the [N, E] probabilities and the [N, 1] sum (routing), each choice's slot
-(dispatch: where's second column), and per expert the [n_e, 1] weights and the weighted output [n_e, d] that
-index_add keeps as its source (combine).
+Each op keeps what its backward reads; PyTorch's autograd keeps more for Hugging Face's Mixtral block, which the
+ops' variants in scale/save_profiles.py add through the hooks `keep_routing`, `keep_slots` and `keep_weighted`.
 
 Values decide the shapes here (how many tokens each expert takes). The shape-only meta backend has no values,
 so there every expert takes a balanced share: the N·k choices dealt round robin, expert e taking ⌈(N·k - e)/E⌉ of
@@ -24,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import backend, state
+from .. import backend
 from ..backend import xp
 from ..engine.function import Function
 from ._util import check_float, numel
@@ -61,8 +58,8 @@ class TopKRouting(Function):
 
     op = "topk_routing"
 
-    @staticmethod
-    def forward(ctx, logits, k, experts=None):
+    @classmethod
+    def forward(cls, ctx, logits, k, experts=None):
         check_float("topk_routing", logits)
         if len(logits.shape) != 2:
             raise ValueError(f"topk_routing: logits must be [tokens, experts], got {list(logits.shape)}")
@@ -83,11 +80,14 @@ class TopKRouting(Function):
         total = chosen.sum(axis=1, keepdims=True)
         weights = chosen / total
         ctx.save(weights=weights, indices=indices)
-        if state.local.saves == "pytorch":  # softmax keeps its output, the division its divisor
-            ctx.save(probabilities=p, total=total)
+        cls.keep_routing(ctx, p, total)
         ctx.mark_non_differentiable(1)
         ctx.flops = (5 * numel(logits.shape), 4 * numel(weights.shape))
         return weights, indices
+
+    @staticmethod
+    def keep_routing(ctx, probabilities, total) -> None:
+        """Keep nothing more of the [N, E] probabilities p and the [N, 1] sums Σ p_chosen (backward reads w alone)."""
 
     @staticmethod
     def backward(ctx, grad_weights, grad_indices=None):
@@ -113,17 +113,20 @@ class Dispatch(Function):
 
     op = "dispatch"
 
-    @staticmethod
-    def forward(ctx, x, picks, k):
+    @classmethod
+    def forward(cls, ctx, x, picks, k):
         if len(x.shape) != 2:
             raise ValueError(f"dispatch: x must be [tokens, features], got {list(x.shape)}")
         _check_picks("dispatch", picks, x.shape[0], k)
         ctx.k = k
         ctx.save(**{f"picks{e}": p for e, p in enumerate(picks)})
-        if state.local.saves == "pytorch":  # torch.where(chosen == e) gives (token, slot) in one buffer
-            ctx.save(**{f"slots{e}": p % k for e, p in enumerate(picks)})
+        cls.keep_slots(ctx, picks, k)
         ctx.experts = len(picks)
         return tuple(x[p // k] for p in picks)
+
+    @staticmethod
+    def keep_slots(ctx, picks, k: int) -> None:
+        """Keep nothing more: each choice's slot, picks_e mod k, is read from the picks when wanted."""
 
     @staticmethod
     def backward(ctx, *grads):
@@ -142,8 +145,8 @@ class Combine(Function):
 
     op = "combine"
 
-    @staticmethod
-    def forward(ctx, weights, *outputs, picks):
+    @classmethod
+    def forward(cls, ctx, weights, *outputs, picks):
         if len(weights.shape) != 2 or len(outputs) != len(picks):
             raise ValueError(f"combine: weights must be [tokens, k] and there must be one output per expert, got "
                              f"weights {list(weights.shape)}, {len(outputs)} outputs, {len(picks)} experts")
@@ -162,15 +165,18 @@ class Combine(Function):
             ctx.save(**{f"out{e}": y for e, y in enumerate(outputs)})
         out = xp().zeros((n, d), dtype=weights.dtype)
         flat = weights.reshape(-1)
-        pytorch = state.local.saves == "pytorch"  # the indexed weights and index_add's source are kept
         for e, (y, p) in enumerate(zip(outputs, picks)):
             w = flat[p][:, None]
             weighted = y * w
             out[p // k] += weighted
-            if pytorch:
-                ctx.save(**{f"weight{e}": w, f"weighted{e}": weighted})
+            cls.keep_weighted(ctx, e, w, weighted)
         ctx.flops = (2 * n * k * d, 4 * n * k * d)
         return out
+
+    @staticmethod
+    def keep_weighted(ctx, expert: int, weight, weighted) -> None:
+        """Keep nothing more of expert e's weights w[picks_e] [n_e, 1] and weighted output [n_e, d] (backward reads
+        the routing weights and the expert outputs)."""
 
     @staticmethod
     def backward(ctx, grad_out):
