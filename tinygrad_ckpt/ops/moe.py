@@ -30,22 +30,14 @@ from ._util import check_float, numel
 def balanced_indices(n_tokens: int, k: int, n_experts: int):
     """[N, k] experts dealing the N·k choices round robin: token n's slot j -> expert (n·k + j) mod E (k distinct
     experts per token, since k <= E), on the active backend (shapes only on meta)."""
-    if not backend.current().has_values:
-        return xp().zeros((n_tokens, k), dtype=np.intp)
-    out = np.arange(n_tokens * k, dtype=np.intp).reshape(n_tokens, k) % n_experts
-    return backend.current().asarray(out) if backend.current().name != "numpy" else out
+    return backend.current().from_host(
+        lambda: np.arange(n_tokens * k, dtype=np.intp).reshape(n_tokens, k) % n_experts, (n_tokens, k), np.intp)
 
 
 def expert_picks(indices, n_experts: int) -> list:
     """Per expert, the positions token·k + slot (ascending, int) of the choices that picked it. On the meta backend
     (no values) the counts of `balanced_indices`: expert e gets ⌈(N·k - e)/E⌉ choices."""
-    be = backend.current()
-    if not be.has_values:
-        total = numel(indices.shape)
-        return [xp().zeros((-(-(total - e) // n_experts) if total > e else 0,), dtype=np.intp)
-                for e in range(n_experts)]
-    flat = indices.reshape(-1)
-    return [xp().flatnonzero(flat == e) for e in range(n_experts)]
+    return backend.current().positions_of_each(indices, n_experts)
 
 
 class TopKRouting(Function):
@@ -70,7 +62,7 @@ class TopKRouting(Function):
         p = xp().exp(logits - shift)
         p /= p.sum(axis=1, keepdims=True)  # softmax over the experts
         if experts is None:
-            indices = _top_k(p, k)
+            indices = backend.current().top_k_indices(p, k)  # the k largest, largest first
         else:
             if tuple(experts.shape) != (logits.shape[0], k) or experts.dtype.kind not in "iu":
                 raise ValueError(f"topk_routing: experts must be integers [{logits.shape[0]}, {k}], got "
@@ -96,14 +88,6 @@ class TopKRouting(Function):
         grad = xp().zeros(ctx.in_shapes[0], dtype=grad_weights.dtype)
         xp().put_along_axis(grad, indices, chosen, axis=1)
         return grad
-
-
-def _top_k(p, k: int):
-    """Each row's k largest entries, largest first (ties: the lower index), as a new [N, k] array."""
-    if not backend.current().has_values:
-        return xp().zeros((p.shape[0], k), dtype=np.intp)
-    order = xp().argsort(-p, axis=1, kind="stable")
-    return xp().ascontiguousarray(order[:, :k])
 
 
 class Dispatch(Function):
@@ -201,7 +185,6 @@ def _check_picks(op: str, picks, n_tokens: int, k: int) -> None:
         if len(p.shape) != 1 or p.dtype.kind not in "iu":
             raise TypeError(f"{op}: picks {e} must be a 1-d integer array (positions token·k + slot), got "
                             f"{list(p.shape)} {p.dtype}")
-    if backend.current().has_values:
-        for e, p in enumerate(picks):
-            if p.size and (int(p.min()) < 0 or int(p.max()) >= n_tokens * k):
-                raise IndexError(f"{op}: picks {e} hold positions outside [0, {n_tokens * k}) (tokens·k)")
+    for e, p in enumerate(picks):
+        if backend.current().first_outside(p, n_tokens * k) is not None:
+            raise IndexError(f"{op}: picks {e} hold positions outside [0, {n_tokens * k}) (tokens·k)")

@@ -144,7 +144,7 @@ class CrossEntropy(Function):
         m = logits.max(axis=1, keepdims=True)
         lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
         valid = targets != ignore_index
-        count = max(int(valid.sum()), 1) if backend.current().has_values else logits.shape[0]
+        count = max(backend.current().count_nonzero_or(valid, otherwise=logits.shape[0]), 1)
         rows = xp().arange(logits.shape[0])
         picked = logits[rows, xp().where(valid, targets, 0)]
         loss = ((lse[:, 0] - picked) * valid).sum() / count
@@ -202,7 +202,7 @@ class LayerNorm(Function):
     def keep(ctx, x, out, xhat, mean, rstd, weight, bias) -> None:
         """Save the output, 1/std, w and b, and x̂'s columns where w is exactly 0 (if any)."""
         ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
-        ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
+        ctx.zero_columns = backend.current().nonzero_or_none(weight == 0) if ctx.saving else None
         if ctx.zero_columns is not None:
             ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
 
@@ -272,14 +272,6 @@ class RMSNorm(Function):
         if numel(x.shape) == 0:
             return xp().zeros(x.shape, dtype=grad_out.dtype), xp().zeros(weight.shape, dtype=grad_out.dtype)
         return kernels.rms_norm_grads(grad_out, x, rstd, weight)
-
-
-def _zero_columns(weight):
-    """Indices of the weights that are exactly 0, or None (also on the meta backend, which has no values)."""
-    if not backend.current().has_values:
-        return None
-    zero = xp().flatnonzero(weight == 0)
-    return zero if zero.size else None
 
 
 class Dropout(Function):
