@@ -826,7 +826,7 @@ def bench_fixes(shape, args) -> list:
         c = ctx(3)
         c.saved.update(out=ln_out, rstd=rstd, weight=w, bias=bias)
         c.zero_columns = None
-        tgops.LayerNorm.backward(c, ge)
+        tgops.LayerNormOp.backward(c, ge)
 
     fixes.append(dict(
         name="LayerNorm backward: einsum reductions, in-place updates", per_layer=2,

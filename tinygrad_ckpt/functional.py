@@ -21,7 +21,7 @@ def gelu(x, approximate: str = "none"):
 
 def silu(x):
     """x·σ(x) (swish): the gate of a SwiGLU MLP."""
-    return ops.SiLU.apply(x)
+    return ops.SiLUOp.apply(x)
 
 
 def relu(x):
@@ -45,14 +45,14 @@ def log_softmax(x, axis: int = -1):
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5):
-    return state.op_variant(ops.LayerNorm).apply(*ops.autocast_inputs("float32", x, weight, bias), eps=eps)
+    return state.op_variant(ops.LayerNormOp).apply(*ops.autocast_inputs("float32", x, weight, bias), eps=eps)
 
 
 def rms_norm(x, weight, eps: float = 1e-6):
     """x / √(mean(x²) + eps) · weight over the last axis (Llama's RMSNorm; PyTorch's F.rms_norm over the last axis
     with a weight). A weight of another dtype is cast to x's (its gradient cast back), as PyTorch does."""
     weight = ops.cast(weight, x.dtype) if weight.dtype != x.dtype else weight
-    return state.op_variant(ops.RMSNorm).apply(x, weight, eps=eps)
+    return state.op_variant(ops.RMSNormOp).apply(x, weight, eps=eps)
 
 
 def rotary_embedding(x, table, positions=None):
@@ -93,7 +93,7 @@ def stack(tensors, dim: int = 0):
 def linear(x, weight, bias=None):
     """x @ weightᵀ + bias, weight of shape [out_features, in_features]."""
     inputs = ops.autocast_inputs("half", x, weight) if bias is None else ops.autocast_inputs("half", x, weight, bias)
-    return ops.Linear.apply(*inputs)
+    return ops.LinearOp.apply(*inputs)
 
 
 def dropout(x, p: float = 0.0, training: bool = True):
@@ -102,12 +102,12 @@ def dropout(x, p: float = 0.0, training: bool = True):
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    return state.op_variant(ops.Dropout).apply(x, p=p)
+    return state.op_variant(ops.DropoutOp).apply(x, p=p)
 
 
 def embedding(ids, weight):
     """weight[ids]: rows of `weight` ([num_embeddings, dim]) picked by an integer array `ids`."""
-    return ops.Embedding.apply(weight, _data(ids))
+    return ops.EmbeddingOp.apply(weight, _data(ids))
 
 
 def cross_entropy(logits, targets, ignore_index: int = -1):

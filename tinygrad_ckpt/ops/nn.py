@@ -34,7 +34,7 @@ class GELU(Function):
         return kernels.gelu_grad(grad_out, x, out, ctx.approximate)  # g·(Φ(x) + x·φ(x)), Φ(x) = out/x
 
 
-class SiLU(Function):
+class SiLUOp(Function):
     """SiLU (swish): out = x·σ(x), σ(x) = 1/(1 + e^(-x)); dL/dx = g·σ(x)·(1 + x·(1 - σ(x))).
 
     Saves its input x, as PyTorch's silu does: x cannot be recovered from silu(x) (not one-to-one for x < 0),
@@ -163,7 +163,7 @@ class CrossEntropy(Function):
         return grad, None
 
 
-class LayerNorm(Function):
+class LayerNormOp(Function):
     """out = x̂·w + b with x̂ = (x - mean)/√(var + eps) over the last axis.
 
     Saves (`keep`) its output and 1/std (one number per row), and w and b (parameters): the layer after it (a
@@ -227,7 +227,7 @@ class LayerNorm(Function):
         return kernels.layer_norm_input_grad(grad_out, xhat, rstd, weight), gw, gb
 
 
-class RMSNorm(Function):
+class RMSNormOp(Function):
     """out = x·(1/rms)·w with 1/rms = 1/√(mean(x²) + eps) over the last axis (Zhang & Sennrich 2019; Llama).
 
     Saves (`keep`) what PyTorch's fused rms_norm kernel saves: its input x and 1/rms (one number per row), and the
@@ -274,10 +274,12 @@ class RMSNorm(Function):
         return kernels.rms_norm_grads(grad_out, x, rstd, weight)
 
 
-class Dropout(Function):
+class DropoutOp(Function):
     """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG: dL/dx = g·mask/(1-p). Saves the mask
     (`keep_mask`) packed 1 bit per element (packbits: n/8 bytes); PyTorch's CUDA kernel keeps a bool array of n
     bytes, and Korthikanti counts one (scale/save_profiles.py)."""
+
+    op = "dropout"
 
     @classmethod
     def forward(cls, ctx, x, p):

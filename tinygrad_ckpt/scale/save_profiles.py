@@ -19,7 +19,7 @@ from ..backend import kernels
 from ..state import SAVES
 
 
-class PyTorchLayerNorm(ops.LayerNorm):
+class PyTorchLayerNormOp(ops.LayerNormOp):
     """Layer norm as PyTorch's native_layer_norm saves it: its input x, the mean and 1/std (w and b); backward
     makes x̂ = (x - mean)·(1/std) from them."""
 
@@ -33,7 +33,7 @@ class PyTorchLayerNorm(ops.LayerNorm):
         return kernels.layer_norm_xhat_from_input(saved["x"], saved["mean"], saved["rstd"]), saved["rstd"]
 
 
-class MegatronLayerNorm(ops.LayerNorm):
+class MegatronLayerNormOp(ops.LayerNormOp):
     """Layer norm as Korthikanti's Table 2 counts it: its input x alone (w and b); backward normalises x again."""
 
     @staticmethod
@@ -47,7 +47,7 @@ class MegatronLayerNorm(ops.LayerNorm):
         return xhat, rstd
 
 
-class MegatronRMSNorm(ops.RMSNorm):
+class MegatronRMSNormOp(ops.RMSNormOp):
     """RMS norm keeping its input alone (w too): backward makes 1/rms again."""
 
     @staticmethod
@@ -59,7 +59,7 @@ class MegatronRMSNorm(ops.RMSNorm):
         return kernels.rms_norm(ctx.saved["x"], ctx.saved["weight"], ctx.eps)[1]
 
 
-class ByteMaskDropout(ops.Dropout):
+class ByteMaskDropoutOp(ops.DropoutOp):
     """Dropout keeping its mask as a bool array, 1 byte an element (PyTorch's CUDA kernel; Korthikanti's count)."""
 
     @staticmethod
@@ -106,10 +106,10 @@ class MegatronMaskedFill(ops.MaskedFill):
 
 PROFILES = {
     "engine": {},
-    "pytorch": {ops.LayerNorm: PyTorchLayerNorm, ops.Dropout: ByteMaskDropout, ops.TopKRouting: PyTorchTopKRouting,
-                ops.Dispatch: PyTorchDispatch, ops.Combine: PyTorchCombine},
-    "megatron": {ops.LayerNorm: MegatronLayerNorm, ops.RMSNorm: MegatronRMSNorm, ops.Dropout: ByteMaskDropout,
-                 ops.MaskedFill: MegatronMaskedFill},
+    "pytorch": {ops.LayerNormOp: PyTorchLayerNormOp, ops.DropoutOp: ByteMaskDropoutOp,
+                ops.TopKRouting: PyTorchTopKRouting, ops.Dispatch: PyTorchDispatch, ops.Combine: PyTorchCombine},
+    "megatron": {ops.LayerNormOp: MegatronLayerNormOp, ops.RMSNormOp: MegatronRMSNormOp,
+                 ops.DropoutOp: ByteMaskDropoutOp, ops.MaskedFill: MegatronMaskedFill},
 }
 
 
