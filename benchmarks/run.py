@@ -825,8 +825,8 @@ def bench_fixes(shape, args) -> list:
     def ln_current():  # the engine's layer norm keeps its output and recovers x̂ from it
         c = ctx(3)
         c.saved.update(out=ln_out, rstd=rstd, weight=w, bias=bias)
-        c.zero_columns, c.saves_like = None, "engine"
-        tgops.LayerNorm.backward(c, ge)
+        c.zero_columns = None
+        tgops.LayerNormOp.backward(c, ge)
 
     fixes.append(dict(
         name="LayerNorm backward: einsum reductions, in-place updates", per_layer=2,

@@ -29,13 +29,13 @@ from .engine.tensor import Parameter, Tensor, increment_version
 from .recompute.checkpoint import CheckpointError, checkpoint
 from .recompute.plans import checkpoint_sequential, run_plan
 from .recompute.policies import Decision, Policy, korthikanti_selective, save_matmuls, save_nothing
-from .state import enable_grad, is_grad_enabled, name_scope, no_grad, saves_like, set_grad_enabled
+from .state import enable_grad, is_grad_enabled, name_scope, no_grad, set_grad_enabled
 
 # name -> the module that defines it, imported on first use (PEP 562)
 _LAZY = {
     "Ledger": "memory.ledger", "OutOfMemoryError": "memory.ledger",
     "draw_tape": "memory.tapeview", "print_saved": "memory.tapeview",
-    "plan": "scale.measure", "block_costs": "scale.measure",
+    "plan": "scale.measure", "block_costs": "scale.measure", "saves_like": "scale.save_profiles",
     "LayerCost": "recompute.planner", "Plan": "recompute.planner", "plan_chain": "recompute.planner",
 }
 # modules reached as attributes (`from tinygrad_ckpt import plots`), the flat names of before the wings included

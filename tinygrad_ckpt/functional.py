@@ -21,7 +21,7 @@ def gelu(x, approximate: str = "none"):
 
 def silu(x):
     """x·σ(x) (swish): the gate of a SwiGLU MLP."""
-    return ops.SiLU.apply(x)
+    return ops.SiLUOp.apply(x)
 
 
 def relu(x):
@@ -45,13 +45,14 @@ def log_softmax(x, axis: int = -1):
 
 
 def layer_norm(x, weight, bias, eps: float = 1e-5):
-    return ops.LayerNorm.apply(*ops.autocast_inputs("float32", x, weight, bias), eps=eps)
+    return state.op_variant(ops.LayerNormOp).apply(*ops.autocast_inputs("float32", x, weight, bias), eps=eps)
 
 
 def rms_norm(x, weight, eps: float = 1e-6):
     """x / √(mean(x²) + eps) · weight over the last axis (Llama's RMSNorm; PyTorch's F.rms_norm over the last axis
     with a weight). A weight of another dtype is cast to x's (its gradient cast back), as PyTorch does."""
-    return ops.RMSNorm.apply(x, ops.cast(weight, x.dtype) if weight.dtype != x.dtype else weight, eps=eps)
+    weight = ops.cast(weight, x.dtype) if weight.dtype != x.dtype else weight
+    return state.op_variant(ops.RMSNormOp).apply(x, weight, eps=eps)
 
 
 def rotary_embedding(x, table, positions=None):
@@ -92,7 +93,7 @@ def stack(tensors, dim: int = 0):
 def linear(x, weight, bias=None):
     """x @ weightᵀ + bias, weight of shape [out_features, in_features]."""
     inputs = ops.autocast_inputs("half", x, weight) if bias is None else ops.autocast_inputs("half", x, weight, bias)
-    return ops.Linear.apply(*inputs)
+    return ops.LinearOp.apply(*inputs)
 
 
 def dropout(x, p: float = 0.0, training: bool = True):
@@ -101,12 +102,12 @@ def dropout(x, p: float = 0.0, training: bool = True):
         raise ValueError(f"dropout: p must be in [0, 1), got {p}")
     if not training or p == 0.0:
         return x
-    return ops.Dropout.apply(x, p=p)
+    return state.op_variant(ops.DropoutOp).apply(x, p=p)
 
 
 def embedding(ids, weight):
     """weight[ids]: rows of `weight` ([num_embeddings, dim]) picked by an integer array `ids`."""
-    return ops.Embedding.apply(weight, _data(ids))
+    return ops.EmbeddingOp.apply(weight, _data(ids))
 
 
 def cross_entropy(logits, targets, ignore_index: int = -1):
@@ -171,8 +172,9 @@ def _explicit_attention(q, k, v, causal, dropout_p, training):
     scores = q @ k.swapaxes(-2, -1)  # [B, H, T, T]
     scale = 1.0 / math.sqrt(q.shape[-1])
     if causal:  # scaled and masked in one op: one [B, H, T, T] array fewer
-        mask = None if state.local.saves == "megatron" else causal_mask(q.shape[-2], k.shape[-2])  # None: made anew
-        scores = ops.MaskedFill.apply(scores, mask, value=float("-inf"), scale=scale)
+        fill = state.op_variant(ops.MaskedFill)
+        scores = fill.apply(scores, fill.causal_mask_to_give(q.shape[-2], k.shape[-2]), value=float("-inf"),
+                            scale=scale)
     else:
         scores = scores * scale
     att = softmax(scores, axis=-1)
@@ -183,15 +185,15 @@ def _explicit_attention(q, k, v, causal, dropout_p, training):
 def topk_routing(logits, k: int, experts=None):
     """(weights [N, k], indices [N, k]) of a router: each token's k most probable experts under softmax(logits) and
     their probabilities renormalised over the k, as Mixtral; `experts` ([N, k] integers) chooses instead."""
-    return ops.TopKRouting.apply(logits, k=k, experts=None if experts is None else _data(experts))
+    return state.op_variant(ops.TopKRouting).apply(logits, k=k, experts=None if experts is None else _data(experts))
 
 
 def moe_dispatch(x, picks, k: int):
     """Each expert's tokens: x[picks_e // k] for the picks of every expert (ops.moe.expert_picks), x [N, d]."""
-    return ops.Dispatch.apply(x, picks=tuple(_data(p) for p in picks), k=k)
+    return state.op_variant(ops.Dispatch).apply(x, picks=tuple(_data(p) for p in picks), k=k)
 
 
 def moe_combine(weights, outputs, picks):
     """out [N, d]: every token's expert outputs weighted by its routing weights [N, k] and summed (the scatter back
     of moe_dispatch)."""
-    return ops.Combine.apply(weights, *outputs, picks=tuple(_data(p) for p in picks))
+    return state.op_variant(ops.Combine).apply(weights, *outputs, picks=tuple(_data(p) for p in picks))

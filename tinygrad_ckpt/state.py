@@ -4,7 +4,8 @@ Per thread (one `threading.local`, as PyTorch keeps its grad mode), so two threa
 other's settings: `grad_enabled` (off inside `no_grad()`), `prefix` (the name scope, "h.3.mlp."),
 `observers` (a Ledger, a checkpointed segment, anomaly checks, breakpoints: observe.py), `segments` (how
 many checkpointed segments run now, one inside another), `autocast` (amp.py), `saves` (whose choice of saved
-arrays the ops follow: "engine", "pytorch" or "megatron"; `saves_like`) and `seed`, `counter` (draw n uses a
+arrays the ops follow: "engine", "pytorch" or "megatron"), `op_variants` (that framework's ops, {engine op:
+variant}, which scale/save_profiles.saves_like fills) and `seed`, `counter` (draw n uses a
 generator seeded with [seed, n]). A new thread starts with gradients on, no scope, seed 0, and the observers of
 `thread_start` (tg.debug's breakpoints from TINYGRAD_CKPT_BREAK).
 
@@ -42,6 +43,7 @@ class ThreadState(threading.local):
         self.segments = 0
         self.autocast = None
         self.saves = "engine"
+        self.op_variants: dict = {}
         self.seed, self.counter = 0, 0
 
     def __repr__(self) -> str:
@@ -161,12 +163,9 @@ SAVES = {
 }
 
 
-def saves_like(framework: str):
-    """Ops recorded in the block save what `framework` saves (see SAVES): "engine", "pytorch" or "megatron". The
-    values computed are the same whichever; what the ledger counts changes (this thread only)."""
-    if framework not in SAVES:
-        raise ValueError(f"saves_like: framework must be one of {', '.join(map(repr, SAVES))}, got {framework!r}")
-    return patched(saves=framework)
+def op_variant(fn):
+    """The op to run for the engine op `fn` under the saves mode in force: its variant, or `fn` itself."""
+    return local.op_variants.get(fn, fn)
 
 
 def name_scope(name: str):

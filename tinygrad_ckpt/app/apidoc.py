@@ -33,7 +33,7 @@ hand. `import tinygrad_ckpt as tg; from tinygrad_ckpt import nn, optim, function
 SECTIONS = [
     (tg, "tg", None),
     (functional, "F", None),
-    (nn, "nn", None),
+    (nn, "nn", nn.__all__),
     (optim, "optim", None),
     (debug, "tg.debug", ["break_before", "clear_breakpoints", "detect_anomaly"]),
     (plots, "plots", None),

@@ -746,3 +746,24 @@ class MetaBackend(Backend):
 
     def generator(self, seed: int, counter: int, *keys: int):
         return MetaGenerator()
+
+    # what ops read from values: none here, so what a meta run assumes (numpy_backend.Backend says what each is)
+    def from_host(self, make, shape, dtype):
+        return zeros(shape, dtype=dtype)
+
+    def count_nonzero_or(self, mask, otherwise: int) -> int:
+        return otherwise
+
+    def nonzero_or_none(self, mask):
+        return None
+
+    def first_outside(self, values, size: int, skip=None):
+        return None
+
+    def top_k_indices(self, p, k: int):
+        return zeros((p.shape[0], k), dtype=np.intp)
+
+    def positions_of_each(self, indices, n: int) -> list:
+        """Round robin's counts: value v is held ⌈(total - v)/n⌉ times (every expert a balanced share)."""
+        total = math.prod(indices.shape)
+        return [zeros((-(-(total - v) // n) if total > v else 0,), dtype=np.intp) for v in range(n)]

@@ -85,6 +85,40 @@ class Backend:
         """target[ids[k]] += rows[k] for every k, repeated ids summed (NumPy's add.at: in order, exactly)."""
         self.xp.add.at(target, ids, rows)
 
+    # ---- what ops read from values; the meta backend, which holds none, answers with what it assumes ----
+    def from_host(self, make, shape, dtype):
+        """The array `make()` computes with NumPy (of that shape and dtype: a table, an index pattern), here."""
+        return self.asarray(make())
+
+    def count_nonzero_or(self, mask, otherwise: int) -> int:
+        """How many elements of `mask` are true (meta: `otherwise`)."""
+        return int(mask.sum())
+
+    def nonzero_or_none(self, mask):
+        """The flat indices where `mask` is true, or None where there are none (meta: None)."""
+        where = self.xp.flatnonzero(mask)
+        return where if where.size else None
+
+    def first_outside(self, values, size: int, skip=None):
+        """The position (a tuple) of the first value outside [0, size), values equal to `skip` aside, or None
+        (meta: None)."""
+        bad = (values < 0) | (values >= size)
+        if skip is not None:
+            bad &= values != skip
+        return tuple(int(i) for i in self.xp.argwhere(bad)[0]) if values.size and bool(bad.any()) else None
+
+    def top_k_indices(self, p, k: int):
+        """Each row's k largest entries' indices [N, k], largest first (ties: the lower index), a new array
+        (meta: zeros)."""
+        order = self.xp.argsort(-p, axis=1, kind="stable")
+        return self.xp.ascontiguousarray(order[:, :k])
+
+    def positions_of_each(self, indices, n: int) -> list:
+        """Per value v in 0..n-1, the flat positions (ascending, int) where `indices` holds v (meta: the counts of
+        a round robin, ops.moe.balanced_indices)."""
+        flat = indices.reshape(-1)
+        return [self.xp.flatnonzero(flat == v) for v in range(n)]
+
     def generator(self, seed: int, counter: int, *keys: int):
         """A generator for draw `counter` of `seed`; `keys` pick one piece of that draw (next_stream)."""
         return np.random.default_rng([seed, counter, *keys])

@@ -6,6 +6,10 @@ to float32 (`ints * 0.5` is float, not a truncated integer). An integer or bool 
 floating one takes its dtype (NumPy would make int64 * float32 float64); integers divide to float32,
 and exp, log and tanh of integers are float32. Lists, tuples and other objects are refused: make
 them tensors first (PyTorch refuses them too).
+
+An op whose idea nn also names as a Module ends in Op (LinearOp, EmbeddingOp, SiLUOp, LayerNormOp, RMSNormOp,
+DropoutOp: the autograd Function, beside nn.LayerNorm, the module holding its parameters); the tape shows an
+op's kind (`op`, "layer_norm"), not its class name.
 """
 
 from __future__ import annotations
@@ -21,18 +25,19 @@ from ..engine.tensor import Tensor  # tensor.py imports this package last, so ei
 from ._util import broadcast_shape, constant, unbroadcast
 from .attention import ChunkedAttention
 from .elementwise import Add, Cast, Div, Exp, Log, MaskedFill, Mul, Neg, Pow, Rsqrt, Scale, Sigmoid, Sqrt, Sub, Tanh
-from .linalg import Linear, MatMul
+from .linalg import LinearOp, MatMul
 from .moe import Combine, Dispatch, TopKRouting
-from .movement import Concatenate, Embedding, GetItem, Permute, Reshape, Split, Swapaxes, View
-from .nn import GELU, CrossEntropy, Dropout, LayerNorm, LogSoftmax, ReLU, RMSNorm, SiLU, Softmax
+from .movement import Concatenate, EmbeddingOp, GetItem, Permute, Reshape, Split, Swapaxes, View
+from .nn import GELU, CrossEntropy, DropoutOp, LayerNormOp, LogSoftmax, ReLU, RMSNormOp, SiLUOp, Softmax
 from .reduce import Max, Mean, Sum
 from .rotary import Rotary
 
 __all__ = [
     "Add", "Sub", "Mul", "Scale", "Div", "Cast", "Neg", "Pow", "Exp", "Log", "Tanh", "Sqrt", "Rsqrt", "Sigmoid",
-    "MaskedFill", "MatMul", "Linear", "Reshape", "View", "Permute", "Swapaxes", "GetItem", "Split", "Concatenate",
-    "Embedding", "GELU", "SiLU", "ReLU", "Softmax", "LogSoftmax", "CrossEntropy", "LayerNorm", "RMSNorm", "Dropout",
-    "ChunkedAttention", "Rotary", "TopKRouting", "Dispatch", "Combine", "Sum", "Mean", "Max", "unbroadcast",
+    "MaskedFill", "MatMul", "LinearOp", "Reshape", "View", "Permute", "Swapaxes", "GetItem", "Split", "Concatenate",
+    "EmbeddingOp", "GELU", "SiLUOp", "ReLU", "Softmax", "LogSoftmax", "CrossEntropy", "LayerNormOp", "RMSNormOp",
+    "DropoutOp", "ChunkedAttention", "Rotary", "TopKRouting", "Dispatch", "Combine", "Sum", "Mean", "Max",
+    "unbroadcast",
 ]
 
 _NUMBERS = (int, float)  # bool is an int

@@ -22,13 +22,8 @@ def constant(value, like):
 def check_range(op: str, what: str, values, size: int, of: str, skip=None) -> None:
     """IndexError naming the op and the first value outside [0, size) (values equal to `skip` aside); a
     backend without values (meta) checks nothing."""
-    if not backend.current().has_values or values.size == 0:
-        return
-    bad = (values < 0) | (values >= size)
-    if skip is not None:
-        bad &= values != skip
-    if bool(bad.any()):
-        position = tuple(int(i) for i in xp().argwhere(bad)[0])
+    position = backend.current().first_outside(values, size, skip)
+    if position is not None:
         value = int(values[position])
         hint = "negative values do not count from the end here" if value < 0 else "check the sizes and the data"
         raise IndexError(f"{op}: {what} {value} at position {list(position)} is outside [0, {size}) ({size} {of}); "

@@ -245,9 +245,15 @@ class MaskedFill(Function):
     """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
     scores are not copied once more): dL/dx = 0 where mask else g·scale. Saves the boolean mask; mask=None is
     the causal mask of x's last two axes, which it makes again in backward instead (as Megatron's fused
-    softmax, which keeps no mask: saves_like("megatron"))."""
+    softmax, which keeps no mask: scale/save_profiles.py)."""
 
     op = "masked_fill"
+
+    @staticmethod
+    def causal_mask_to_give(t_q: int, t_k: int):
+        """The mask a causal attention passes: the [t_q, t_k] causal mask, made once and kept (None would have
+        forward and backward each make it)."""
+        return causal_mask(t_q, t_k)
 
     @staticmethod
     def forward(ctx, x, mask, value: float, scale: float = 1.0):

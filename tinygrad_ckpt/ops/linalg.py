@@ -41,12 +41,14 @@ class MatMul(Function):
         return ga, gb
 
 
-class Linear(Function):
+class LinearOp(Function):
     """out = x @ Wᵀ + b with W of shape [out, in] (PyTorch layout).
 
     dL/dx = g @ W needs W (a parameter: no extra memory); dL/dW = gᵀ @ x needs the input x, which is
     what a linear layer really keeps; dL/db = Σ g needs nothing.
     """
+
+    op = "linear"
 
     @staticmethod
     def forward(ctx, x, weight, bias=None):

@@ -5,18 +5,19 @@
     dispatch:  expert e's tokens x[rows_e], the tokens that chose e (`picks`: positions token·k + slot);
     combine:   out[n] = Σ over n's k choices of w[n, slot]·y_e[i], y_e the expert's output for those rows.
 
-So every token goes through its k experts only. Under saves_like("pytorch") the ops also keep what PyTorch's
-autograd keeps for Hugging Face's Mixtral block. Values decide the shapes (how many tokens each expert takes);
-the meta backend has none, so there every expert takes a balanced share (`balanced_indices`: token n's slot j
-goes to expert (n·k + j) mod E), as a NumPy run with `routing="balanced"` can, and then its ledger equals the
-meta ledger event for event. What each op keeps, in full: docs/house.md.
+So every token goes through its k experts only. Each op keeps what its backward reads; the variants in
+scale/save_profiles.py keep what PyTorch's autograd keeps for Hugging Face's Mixtral block (hooks `keep_routing`,
+`keep_slots`, `keep_weighted`). Values decide the shapes (how many tokens each expert takes); the meta backend has
+none, so there every expert takes a balanced share (`balanced_indices`: token n's slot j goes to expert
+(n·k + j) mod E), as a NumPy run with `routing="balanced"` can, and then its ledger equals the meta ledger event
+for event. What each op keeps, in full: docs/house.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from .. import backend, state
+from .. import backend
 from ..backend import xp
 from ..engine.function import Function
 from ._util import check_float, numel
@@ -25,22 +26,14 @@ from ._util import check_float, numel
 def balanced_indices(n_tokens: int, k: int, n_experts: int):
     """[N, k] experts dealing the N·k choices round robin: token n's slot j -> expert (n·k + j) mod E (k distinct
     experts per token, since k <= E), on the active backend (shapes only on meta)."""
-    if not backend.current().has_values:
-        return xp().zeros((n_tokens, k), dtype=np.intp)
-    out = np.arange(n_tokens * k, dtype=np.intp).reshape(n_tokens, k) % n_experts
-    return backend.current().asarray(out) if backend.current().name != "numpy" else out
+    return backend.current().from_host(
+        lambda: np.arange(n_tokens * k, dtype=np.intp).reshape(n_tokens, k) % n_experts, (n_tokens, k), np.intp)
 
 
 def expert_picks(indices, n_experts: int) -> list:
     """Per expert, the positions token·k + slot (ascending, int) of the choices that picked it. On the meta backend
     (no values) the counts of `balanced_indices`: expert e gets ⌈(N·k - e)/E⌉ choices."""
-    be = backend.current()
-    if not be.has_values:
-        total = numel(indices.shape)
-        return [xp().zeros((-(-(total - e) // n_experts) if total > e else 0,), dtype=np.intp)
-                for e in range(n_experts)]
-    flat = indices.reshape(-1)
-    return [xp().flatnonzero(flat == e) for e in range(n_experts)]
+    return backend.current().positions_of_each(indices, n_experts)
 
 
 class TopKRouting(Function):
@@ -53,8 +46,8 @@ class TopKRouting(Function):
 
     op = "topk_routing"
 
-    @staticmethod
-    def forward(ctx, logits, k, experts=None):
+    @classmethod
+    def forward(cls, ctx, logits, k, experts=None):
         check_float("topk_routing", logits)
         if len(logits.shape) != 2:
             raise ValueError(f"topk_routing: logits must be [tokens, experts], got {list(logits.shape)}")
@@ -65,7 +58,7 @@ class TopKRouting(Function):
         p = xp().exp(logits - shift)
         p /= p.sum(axis=1, keepdims=True)  # softmax over the experts
         if experts is None:
-            indices = _top_k(p, k)
+            indices = backend.current().top_k_indices(p, k)  # the k largest, largest first
         else:
             if tuple(experts.shape) != (logits.shape[0], k) or experts.dtype.kind not in "iu":
                 raise ValueError(f"topk_routing: experts must be integers [{logits.shape[0]}, {k}], got "
@@ -75,11 +68,14 @@ class TopKRouting(Function):
         total = chosen.sum(axis=1, keepdims=True)
         weights = chosen / total
         ctx.save(weights=weights, indices=indices)
-        if state.local.saves == "pytorch":  # softmax keeps its output, the division its divisor
-            ctx.save(probabilities=p, total=total)
+        cls.keep_routing(ctx, p, total)
         ctx.mark_non_differentiable(1)
         ctx.flops = (5 * numel(logits.shape), 4 * numel(weights.shape))
         return weights, indices
+
+    @staticmethod
+    def keep_routing(ctx, probabilities, total) -> None:
+        """Keep nothing more of the [N, E] probabilities p and the [N, 1] sums Σ p_chosen (backward reads w alone)."""
 
     @staticmethod
     def backward(ctx, grad_weights, grad_indices=None):
@@ -90,14 +86,6 @@ class TopKRouting(Function):
         return grad
 
 
-def _top_k(p, k: int):
-    """Each row's k largest entries, largest first (ties: the lower index), as a new [N, k] array."""
-    if not backend.current().has_values:
-        return xp().zeros((p.shape[0], k), dtype=np.intp)
-    order = xp().argsort(-p, axis=1, kind="stable")
-    return xp().ascontiguousarray(order[:, :k])
-
-
 class Dispatch(Function):
     """(x[rows_0], x[rows_1], ...): each expert's tokens, rows_e = picks_e // k (see the module), from x [N, d].
     Saves the picks (the same arrays combine keeps): dL/dx[rows_e] += g_e for every expert (a token's rows within
@@ -105,17 +93,20 @@ class Dispatch(Function):
 
     op = "dispatch"
 
-    @staticmethod
-    def forward(ctx, x, picks, k):
+    @classmethod
+    def forward(cls, ctx, x, picks, k):
         if len(x.shape) != 2:
             raise ValueError(f"dispatch: x must be [tokens, features], got {list(x.shape)}")
         _check_picks("dispatch", picks, x.shape[0], k)
         ctx.k = k
         ctx.save(**{f"picks{e}": p for e, p in enumerate(picks)})
-        if state.local.saves == "pytorch":  # torch.where(chosen == e) gives (token, slot) in one buffer
-            ctx.save(**{f"slots{e}": p % k for e, p in enumerate(picks)})
+        cls.keep_slots(ctx, picks, k)
         ctx.experts = len(picks)
         return tuple(x[p // k] for p in picks)
+
+    @staticmethod
+    def keep_slots(ctx, picks, k: int) -> None:
+        """Keep nothing more: each choice's slot, picks_e mod k, is read from the picks when wanted."""
 
     @staticmethod
     def backward(ctx, *grads):
@@ -134,8 +125,8 @@ class Combine(Function):
 
     op = "combine"
 
-    @staticmethod
-    def forward(ctx, weights, *outputs, picks):
+    @classmethod
+    def forward(cls, ctx, weights, *outputs, picks):
         if len(weights.shape) != 2 or len(outputs) != len(picks):
             raise ValueError(f"combine: weights must be [tokens, k] and there must be one output per expert, got "
                              f"weights {list(weights.shape)}, {len(outputs)} outputs, {len(picks)} experts")
@@ -154,15 +145,18 @@ class Combine(Function):
             ctx.save(**{f"out{e}": y for e, y in enumerate(outputs)})
         out = xp().zeros((n, d), dtype=weights.dtype)
         flat = weights.reshape(-1)
-        pytorch = state.local.saves == "pytorch"  # the indexed weights and index_add's source are kept
         for e, (y, p) in enumerate(zip(outputs, picks)):
             w = flat[p][:, None]
             weighted = y * w
             out[p // k] += weighted
-            if pytorch:
-                ctx.save(**{f"weight{e}": w, f"weighted{e}": weighted})
+            cls.keep_weighted(ctx, e, w, weighted)
         ctx.flops = (2 * n * k * d, 4 * n * k * d)
         return out
+
+    @staticmethod
+    def keep_weighted(ctx, expert: int, weight, weighted) -> None:
+        """Keep nothing more of expert e's weights w[picks_e] [n_e, 1] and weighted output [n_e, d] (backward reads
+        the routing weights and the expert outputs)."""
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -187,7 +181,6 @@ def _check_picks(op: str, picks, n_tokens: int, k: int) -> None:
         if len(p.shape) != 1 or p.dtype.kind not in "iu":
             raise TypeError(f"{op}: picks {e} must be a 1-d integer array (positions token·k + slot), got "
                             f"{list(p.shape)} {p.dtype}")
-    if backend.current().has_values:
-        for e, p in enumerate(picks):
-            if p.size and (int(p.min()) < 0 or int(p.max()) >= n_tokens * k):
-                raise IndexError(f"{op}: picks {e} hold positions outside [0, {n_tokens * k}) (tokens·k)")
+    for e, p in enumerate(picks):
+        if backend.current().first_outside(p, n_tokens * k) is not None:
+            raise IndexError(f"{op}: picks {e} hold positions outside [0, {n_tokens * k}) (tokens·k)")

@@ -187,9 +187,11 @@ class Concatenate(Function):
         return tuple(grad_out[piece] for piece in ctx.pieces)
 
 
-class Embedding(Function):
+class EmbeddingOp(Function):
     """out[..., :] = weight[ids[...], :]. Saves the ids; dL/dweight scatters g into their rows, summed per id in a
     fixed order (backend.scatter_add_rows), so the gradient has the same bits on every run, GPU included."""
+
+    op = "embedding"
 
     @staticmethod
     def forward(ctx, weight, ids):

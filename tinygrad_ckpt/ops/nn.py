@@ -3,7 +3,7 @@ what to save. These choices are the activation memory the lessons measure."""
 
 from __future__ import annotations
 
-from .. import backend, state
+from .. import backend
 from ..backend import kernels, xp
 from ..engine.function import Function
 from ._util import axis_of, check_float, check_range, numel
@@ -34,7 +34,7 @@ class GELU(Function):
         return kernels.gelu_grad(grad_out, x, out, ctx.approximate)  # g·(Φ(x) + x·φ(x)), Φ(x) = out/x
 
 
-class SiLU(Function):
+class SiLUOp(Function):
     """SiLU (swish): out = x·σ(x), σ(x) = 1/(1 + e^(-x)); dL/dx = g·σ(x)·(1 + x·(1 - σ(x))).
 
     Saves its input x, as PyTorch's silu does: x cannot be recovered from silu(x) (not one-to-one for x < 0),
@@ -144,7 +144,7 @@ class CrossEntropy(Function):
         m = logits.max(axis=1, keepdims=True)
         lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
         valid = targets != ignore_index
-        count = max(int(valid.sum()), 1) if backend.current().has_values else logits.shape[0]
+        count = max(backend.current().count_nonzero_or(valid, otherwise=logits.shape[0]), 1)
         rows = xp().arange(logits.shape[0])
         picked = logits[rows, xp().where(valid, targets, 0)]
         loss = ((lse[:, 0] - picked) * valid).sum() / count
@@ -163,14 +163,14 @@ class CrossEntropy(Function):
         return grad, None
 
 
-class LayerNorm(Function):
+class LayerNormOp(Function):
     """out = x̂·w + b with x̂ = (x - mean)/√(var + eps) over the last axis.
 
-    What it saves follows `state.saves_like` (w and b, parameters, always): this engine's choice is its output and
-    1/std (one number per row): the layer after it (a linear) keeps the output anyway, so the output costs no
-    extra bytes, and backward recovers x̂ = (out - b)/w (where a weight is exactly 0 the output forgets x̂, so
-    those columns of x̂ are saved as well: none, usually). PyTorch's kernel keeps its input, the mean and 1/std;
-    Megatron's accounting (Korthikanti's Table 2) its input alone, mean and 1/std made again in backward.
+    Saves (`keep`) its output and 1/std (one number per row), and w and b (parameters): the layer after it (a
+    linear) keeps the output anyway, so the output costs no extra bytes, and backward recovers (`normalized`)
+    x̂ = (out - b)/w (where a weight is exactly 0 the output forgets x̂, so those columns of x̂ are saved as well:
+    none, usually). Other frameworks keep other arrays: their variants override keep and normalized
+    (scale/save_profiles.py).
     With x̂ and 1/std, dL/dx = (1/std)·(ĝ - mean(ĝ) - x̂·mean(ĝ·x̂)) where ĝ = g·w, dL/dw = Σ g·x̂,
     dL/db = Σ g. (Recovering x̂ from the output rounds like |b|/|w| times the output's rounding: exact enough at
     the weights training sees, and PyTorch's tolerance is checked.)
@@ -178,8 +178,8 @@ class LayerNorm(Function):
 
     op = "layer_norm"
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, eps=1e-5):
+    @classmethod
+    def forward(cls, ctx, x, weight, bias, eps=1e-5):
         if not x.shape:
             raise ValueError("layer_norm: a 0-d tensor has no last axis to normalise over; reshape it to 1-d first")
         d = x.shape[-1]
@@ -193,53 +193,52 @@ class LayerNorm(Function):
             raise TypeError(f"layer_norm: input {x.dtype}, weight {weight.dtype} and bias {bias.dtype} must have one "
                             "dtype, as in PyTorch; convert the weight and bias to the input's")
         out, xhat, mean, rstd = kernels.layer_norm(x, weight, bias, eps)  # x̂ = (x - mean)/√(var + eps); x̂·w + b
-        ctx.eps, ctx.saves_like, ctx.zero_columns = eps, state.local.saves, None
-        if ctx.saves_like == "engine":
-            ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
-            ctx.zero_columns = _zero_columns(weight) if ctx.saving else None
-            if ctx.zero_columns is not None:
-                ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
-        elif ctx.saves_like == "pytorch":
-            ctx.save(x=x, mean=mean, rstd=rstd, weight=weight, bias=bias)
-        else:
-            ctx.save(x=x, weight=weight, bias=bias)
+        ctx.eps = eps
+        cls.keep(ctx, x, out, xhat, mean, rstd, weight, bias)
         ctx.flops = (8 * numel(x.shape), 12 * numel(x.shape))
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        saved = ctx.saved
-        weight, bias = saved["weight"], saved["bias"]
+    def keep(ctx, x, out, xhat, mean, rstd, weight, bias) -> None:
+        """Save the output, 1/std, w and b, and x̂'s columns where w is exactly 0 (if any)."""
+        ctx.save(out=out, rstd=rstd, weight=weight, bias=bias)
+        ctx.zero_columns = backend.current().nonzero_or_none(weight == 0) if ctx.saving else None
+        if ctx.zero_columns is not None:
+            ctx.save(xhat_where_weight_is_0=xhat[..., ctx.zero_columns])
+
+    @staticmethod
+    def normalized(ctx):
+        """(x̂, 1/std) from what `keep` saved: x̂ = (out - b)/w."""
+        saved, zero = ctx.saved, ctx.zero_columns
+        xhat = kernels.layer_norm_xhat(saved["out"], saved["weight"], saved["bias"], zero is not None)
+        if zero is not None:
+            xhat[..., zero] = saved["xhat_where_weight_is_0"]
+        return xhat, saved["rstd"]
+
+    @classmethod
+    def backward(cls, ctx, grad_out):
+        weight, bias = ctx.saved["weight"], ctx.saved["bias"]
         if numel(grad_out.shape) == 0:
             return tuple(xp().zeros(a.shape, dtype=grad_out.dtype) for a in (grad_out, weight, bias))
-        if ctx.saves_like == "engine":
-            zero, rstd = ctx.zero_columns, saved["rstd"]
-            xhat = kernels.layer_norm_xhat(saved["out"], weight, bias, zero is not None)  # x̂ = (out - b)/w
-            if zero is not None:
-                xhat[..., zero] = saved["xhat_where_weight_is_0"]
-        elif ctx.saves_like == "pytorch":
-            rstd = saved["rstd"]
-            xhat = kernels.layer_norm_xhat_from_input(saved["x"], saved["mean"], rstd)  # x̂ = (x - mean)/std
-        else:
-            _, xhat, _, rstd = kernels.layer_norm(saved["x"], weight, bias, ctx.eps)  # all of it made again
+        xhat, rstd = cls.normalized(ctx)
         rows = grad_out.reshape(-1, grad_out.shape[-1])
         gw = (rows * xhat.reshape(rows.shape)).sum(axis=0)  # Σ g·x̂
         gb = rows.sum(axis=0)  # Σ g
         return kernels.layer_norm_input_grad(grad_out, xhat, rstd, weight), gw, gb
 
 
-class RMSNorm(Function):
+class RMSNormOp(Function):
     """out = x·(1/rms)·w with 1/rms = 1/√(mean(x²) + eps) over the last axis (Zhang & Sennrich 2019; Llama).
 
-    Saves what PyTorch's fused rms_norm kernel saves: its input x and 1/rms (one number per row), and the weight
-    (a parameter: no new bytes). The output is not kept: the linears after it keep it themselves. With
+    Saves (`keep`) what PyTorch's fused rms_norm kernel saves: its input x and 1/rms (one number per row), and the
+    weight (a parameter: no new bytes). The output is not kept: the linears after it keep it themselves. With
     x̂ = x·(1/rms) and ĝ = g·w: dL/dx = (1/rms)·(ĝ - x̂·mean(ĝ·x̂)), dL/dw = Σ g·x̂.
     """
 
     op = "rms_norm"
 
-    @staticmethod
-    def forward(ctx, x, weight, eps=1e-6):
+    @classmethod
+    def forward(cls, ctx, x, weight, eps=1e-6):
         if not x.shape:
             raise ValueError("rms_norm: a 0-d tensor has no last axis to normalise over; reshape it to 1-d first")
         d = x.shape[-1]
@@ -251,55 +250,61 @@ class RMSNorm(Function):
             raise TypeError(f"rms_norm: input {x.dtype} and weight {weight.dtype} must have one dtype; convert the "
                             "weight to the input's")
         out, rstd = kernels.rms_norm(x, weight, eps)  # (x·(1/rms))·w, 1/rms per row
-        ctx.eps, ctx.saves_like = eps, state.local.saves
-        ctx.save(x=x, weight=weight)
-        if ctx.saves_like != "megatron":  # Megatron's accounting keeps the input alone: 1/rms is made again
-            ctx.save(rstd=rstd)
+        ctx.eps = eps
+        cls.keep(ctx, x, rstd, weight)
         ctx.flops = (4 * numel(x.shape), 8 * numel(x.shape))
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
+    def keep(ctx, x, rstd, weight) -> None:
+        """Save x, w and 1/rms."""
+        ctx.save(x=x, weight=weight, rstd=rstd)
+
+    @staticmethod
+    def inverse_rms(ctx):
+        """1/rms per row, as `keep` saved it."""
+        return ctx.saved["rstd"]
+
+    @classmethod
+    def backward(cls, ctx, grad_out):
         x, weight = ctx.saved["x"], ctx.saved["weight"]
-        rstd = ctx.saved["rstd"] if "rstd" in ctx.saved else kernels.rms_norm(x, weight, ctx.eps)[1]
+        rstd = cls.inverse_rms(ctx)
         if numel(x.shape) == 0:
             return xp().zeros(x.shape, dtype=grad_out.dtype), xp().zeros(weight.shape, dtype=grad_out.dtype)
         return kernels.rms_norm_grads(grad_out, x, rstd, weight)
 
 
-def _zero_columns(weight):
-    """Indices of the weights that are exactly 0, or None (also on the meta backend, which has no values)."""
-    if not backend.current().has_values:
-        return None
-    zero = xp().flatnonzero(weight == 0)
-    return zero if zero.size else None
+class DropoutOp(Function):
+    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG: dL/dx = g·mask/(1-p). Saves the mask
+    (`keep_mask`) packed 1 bit per element (packbits: n/8 bytes); PyTorch's CUDA kernel keeps a bool array of n
+    bytes, and Korthikanti counts one (scale/save_profiles.py)."""
 
+    op = "dropout"
 
-class Dropout(Function):
-    """out = x·mask/(1-p), mask ~ Bernoulli(1-p) from the engine's RNG: dL/dx = g·mask/(1-p). Saves the mask: this
-    engine packs it 1 bit per element (packbits: n/8 bytes); under saves_like("pytorch"/"megatron") it is a bool
-    array of n bytes, as PyTorch's CUDA kernel keeps it and Korthikanti counts it."""
-
-    @staticmethod
-    def forward(ctx, x, p):
+    @classmethod
+    def forward(cls, ctx, x, p):
         check_float("dropout", x)
         mask = backend.next_generator().random(x.shape, dtype=xp().float32) >= p
         ctx.scale = 1.0 / (1.0 - p)
-        if ctx.saving and state.local.saves == "engine":
-            ctx.save(mask_bits=xp().packbits(mask.reshape(-1)))
-        elif ctx.saving:
-            ctx.save(mask=mask)
+        if ctx.saving:
+            cls.keep_mask(ctx, mask)
         ctx.flops = (2 * numel(x.shape), 3 * numel(x.shape))
         out = x * mask
         out *= xp().asarray(ctx.scale, dtype=x.dtype)
         return out
 
     @staticmethod
-    def backward(ctx, grad_out):
-        n = numel(grad_out.shape)
-        mask = ctx.saved.get("mask")
-        if mask is None:
-            mask = xp().unpackbits(ctx.saved["mask_bits"])[:n].reshape(grad_out.shape)  # 0/1 as uint8
-        grad = grad_out * mask
+    def keep_mask(ctx, mask) -> None:
+        """Save the mask packed 8 elements a byte."""
+        ctx.save(mask_bits=xp().packbits(mask.reshape(-1)))
+
+    @staticmethod
+    def saved_mask(ctx, shape):
+        """The mask `keep_mask` saved, unpacked to `shape` (0/1 as uint8)."""
+        return xp().unpackbits(ctx.saved["mask_bits"])[:numel(shape)].reshape(shape)
+
+    @classmethod
+    def backward(cls, ctx, grad_out):
+        grad = grad_out * cls.saved_mask(ctx, grad_out.shape)
         grad *= xp().asarray(ctx.scale, dtype=grad.dtype)
         return grad

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend
-from ..backend import kernels, xp
+from ..backend import kernels
 from ..engine.function import Function
 from ._util import check_float, check_range, numel
 
@@ -27,14 +27,14 @@ def rotary_table(head_dim: int, positions: int, base: float = 10000.0, dtype=np.
     and rounded once to `dtype`, on the active backend."""
     if head_dim % 2:
         raise ValueError(f"rotary_table: head_dim must be even (pairs of features are rotated), got {head_dim}")
-    be = backend.current()
-    if not be.has_values:  # the meta backend: the shape is all there is
-        return xp().zeros((2, positions, head_dim), dtype=dtype)
-    inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # θᵢ
-    angles = np.outer(np.arange(positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
-    angles = np.concatenate([angles, angles], axis=-1)  # [θ, θ]: Hugging Face's layout
-    table = np.stack([np.cos(angles), np.sin(angles)]).astype(dtype)
-    return table if be.name == "numpy" else be.asarray(table)
+
+    def make():
+        inv_freq = 1.0 / base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)  # θᵢ
+        angles = np.outer(np.arange(positions, dtype=np.float64), inv_freq)  # [positions, head_dim/2]
+        angles = np.concatenate([angles, angles], axis=-1)  # [θ, θ]: Hugging Face's layout
+        return np.stack([np.cos(angles), np.sin(angles)]).astype(dtype)
+
+    return backend.current().from_host(make, (2, positions, head_dim), dtype)
 
 
 class Rotary(Function):

@@ -76,7 +76,8 @@ class Replay:
     prefix: str
     features: list
     name: str  # what the segment holds ("transformer.h.0", "transformer.h.0-3", a function's name)
-    modes: dict  # {"autocast": half dtype or None, "saves": "engine" | "pytorch" | "megatron"} of the forward
+    modes: dict  # {"autocast": half dtype or None, "saves": "engine" | "pytorch" | "megatron", "op_variants"} of
+    # the forward
 
     def __repr__(self) -> str:
         rng = "its RNG state" if self.rng else "no RNG state"
@@ -239,7 +240,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
                     tuple((weakref.ref(t), id(be.buffer(t.data)[0])) for t in segment.outside.values()
                           if id(t) not in explicit),
                     tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
-                    {"autocast": st.autocast, "saves": st.saves})
+                    {"autocast": st.autocast, "saves": st.saves, "op_variants": st.op_variants})
     segment.outside = {}  # the entry's edges reach them now; the segment must not hold their data
     kept = keep.arrays_to_keep() if keep is not None else {}
     with state.name_scope(held):

@@ -32,6 +32,7 @@ from ..memory.ledger import Ledger
 from ..recompute.planner import LayerCost
 from ..recompute.policies import korthikanti_selective
 from .estimate import GPTShape, LlamaShape, active_parameter_count, parameter_count
+from .save_profiles import saves_like
 
 
 @contextlib.contextmanager
@@ -140,7 +141,7 @@ def _set_up(model, precision: Precision | None, optimizer: str, state_dtype):
 class SteadyStep:
     """The model of `shape` (a GPTShape or a LlamaShape) and its optimizer ("adamw", "sgd" or "none"), one training
     step already taken; `precision` (a PRECISIONS name; None: the shape's dtype with `state_dtype` states),
-    `attention` ("explicit" or "flash") and `saves` (what framework's saves: state.saves_like; None: the
+    `attention` ("explicit" or "flash") and `saves` (what framework's saves: save_profiles.saves_like; None: the
     tg.saves_like in effect where the step is made) say how the run keeps its numbers."""
 
     def __init__(self, shape, optimizer: str = "adamw", state_dtype=np.float32, backend_name="meta",
@@ -162,7 +163,7 @@ class SteadyStep:
                 self.opt.zero_grad()
 
     def _step(self) -> None:
-        with state.saves_like(self.saves):
+        with saves_like(self.saves):
             with _autocast(self.precision):
                 _, loss = self.model(self.idx, self.idx)
             loss.backward()
@@ -236,7 +237,7 @@ class ParallelStep:
 
     def _step(self) -> None:
         in_flight = [[] for _ in range(self.par.virtual)]  # per chunk, oldest first
-        with state.saves_like(self.saves):
+        with saves_like(self.saves):
             for kind, chunk in pipeline_schedule(self.par):
                 if kind == "F":
                     with _autocast(self.precision):
