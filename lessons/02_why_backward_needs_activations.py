@@ -11,7 +11,7 @@ Solves"): backward needs the forward's values, because dL/dx = dL/df(x) · f'(x)
 itself; GELU's x cannot be recovered from gelu(x), softmax's gradient needs its output, and layer
 norm needs its statistics.
 
-Read: tinygrad_ckpt/ops/nn.py (GELU, Softmax, LayerNorm: what each saves and why),
+Read: tinygrad_ckpt/ops/nn.py (GELU, Softmax, LayerNormOp: what each saves and why),
 tinygrad_ckpt/engine/function.py (Context.save), tinygrad_ckpt/engine/tape.py (TapeEntry, backward_steps).
 
 Run: python lessons/02_why_backward_needs_activations.py [--quick] [--out figures]

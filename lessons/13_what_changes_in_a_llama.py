@@ -20,7 +20,7 @@ activations or the compute. Measured here: by how much each change moves each te
 
 Read: tinygrad_ckpt/nn/__init__.py (Llama, LlamaAttention, LlamaMLP, MixtralSparseMoeBlock),
 tinygrad_ckpt/ops/rotary.py, tinygrad_ckpt/ops/moe.py (TopKRouting, Dispatch, Combine, balanced_indices: the
-balanced routing of the meta backend), tinygrad_ckpt/ops/nn.py (SiLU, RMSNorm: what each keeps),
+balanced routing of the meta backend), tinygrad_ckpt/ops/nn.py (SiLUOp, RMSNormOp: what each keeps),
 tinygrad_ckpt/functional.py (scaled_dot_product_attention with enable_gqa),
 tinygrad_ckpt/scale/estimate.py (LlamaShape, PRESETS, llama_parameter_terms),
 tinygrad_ckpt/scale/measure.py (SteadyStep).

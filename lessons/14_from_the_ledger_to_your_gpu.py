@@ -17,9 +17,10 @@ Megatron's mixed precision), what each op keeps (flash attention keeps no [T, T]
 of the weights and float32 norms), what the allocator reserves above what tensors hold, and the capacity itself
 (79.2 GiB reported, 78.7 GiB left after CUDA's context, not the 74.5 GiB that "80 GB" reads as).
 
-Read: tinygrad_ckpt/scale/measure.py (PRECISIONS, SteadyStep: precision, attention, saves), tinygrad_ckpt/state.py
-(saves_like), tinygrad_ckpt/amp.py (autocast), tinygrad_ckpt/memory/cuda_allocator.py (the simulated allocator),
-tinygrad_ckpt/scale/devices.py (what each GPU reports), tinygrad_ckpt/scale/report.py (device_fit).
+Read: tinygrad_ckpt/scale/measure.py (PRECISIONS, SteadyStep: precision, attention, saves),
+tinygrad_ckpt/scale/save_profiles.py (saves_like), tinygrad_ckpt/amp.py (autocast),
+tinygrad_ckpt/memory/cuda_allocator.py (the simulated allocator), tinygrad_ckpt/scale/devices.py (what each GPU
+reports), tinygrad_ckpt/scale/report.py (device_fit).
 
 Run: python lessons/14_from_the_ledger_to_your_gpu.py [--quick] [--out figures]
 (--quick: GPT-2 small at B = 8, three batch sizes tried.)
