@@ -14,7 +14,6 @@ groups it with the ops its block ran and did not keep (replayed in backward).
 from __future__ import annotations
 
 import shutil
-import weakref
 from dataclasses import dataclass
 
 from .. import backend
@@ -54,7 +53,7 @@ def _leaves(entries, inputs=()) -> dict:
     """id(buffer) -> (kind, name) for leaf tensors the entries read, and for `inputs`."""
     be, found = backend.current(), {}
     tensors = [t for t in inputs if isinstance(t, Tensor)]
-    tensors += [edge() for e in entries for edge in e.inputs if isinstance(edge, weakref.ref)]
+    tensors += [edge() for e in entries for edge in e.inputs if edge is not None and edge.is_leaf]
     for t in tensors:
         if t is not None and be.is_array(t.data):
             found[id(be.buffer(t.data)[0])] = ("parameter" if t.is_parameter else "input", t.name or "")
@@ -141,8 +140,8 @@ def _graph(tensor):
     for e in tape:
         ins = []
         for edge, meta in zip(e.inputs, e.in_meta):
-            if isinstance(edge, tuple):
-                ins.append(("entry", index[edge[0].seq]))
+            if edge is not None and not edge.is_leaf:
+                ins.append(("entry", index[edge.entry.seq]))
             elif edge is not None:
                 leaf = edge()
                 ins.append(("leaf", f"{leaf.name if leaf is not None and leaf.name else 'leaf'} {list(meta[0])}"))

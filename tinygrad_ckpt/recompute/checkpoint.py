@@ -32,7 +32,7 @@ from .. import backend, state
 from ..engine import observe
 from ..engine.function import Function
 from ..engine.observe import SegmentObserver
-from ..engine.tape import backward_steps, changed_error, edge_name, graph, key_of, run_steps
+from ..engine.tape import backward_steps, changed_error, edge_of, graph, run_steps
 from ..engine.tensor import Tensor
 from .early_stop import Flows
 from .policies import KeepByPolicy, as_policy
@@ -75,9 +75,9 @@ class Replay:
 
     fn: object
     structure: object
-    arguments: tuple  # per tensor argument: (its key_of or None, requires grad, name)
+    arguments: tuple  # per tensor argument: (its edge or None, requires grad, name)
     outside: tuple  # per outside tensor read: (weak reference, id of its buffer then)
-    inputs: tuple  # key_of of the entry's inputs past the arguments: outside tensors that require grad
+    inputs: tuple  # the edges of the entry's inputs past the arguments: outside tensors that require grad
     segment: SegmentForward
     rng: bool
     prefix: str
@@ -151,17 +151,17 @@ class Checkpoint(Function):
             raise CheckpointError(f"the replay of a checkpointed segment returned {len(outputs)} tensors, "
                                   f"its forward {len(grad_outs)}")
         n = len(leaves)
-        positions = {key_of(t): i for i, t in enumerate(leaves) if t.requires_grad}  # where a captured gradient goes
+        positions = {edge_of(t): i for i, t in enumerate(leaves) if t.requires_grad}  # where a captured gradient goes
         positions.update({k: i for i, (k, _, _) in enumerate(replay.arguments) if _alive(k)})
         # outside tensors made by ops are boundaries: their gradients are captured and returned; parameters (leaves)
         # take theirs in .grad during the replay, op by op as in the plain run (the same sums, bit for bit)
-        positions.update({k: n + j for j, k in enumerate(replay.inputs) if isinstance(k, tuple)})
+        positions.update({k: n + j for j, k in enumerate(replay.inputs) if not k.is_leaf})
         grads = [None] * (n + len(replay.inputs))
         roots, seeds, o, g = [], [], None, None
         for o, g in zip(outputs, grad_outs):
             if g is None or not o.requires_grad:
                 continue
-            through = positions.get(key_of(o))
+            through = positions.get(edge_of(o))
             if through is not None:  # an argument or outside tensor returned as it is: its gradient passes through
                 grads[through] = g if grads[through] is None else grads[through] + g
             else:
@@ -184,9 +184,9 @@ class Checkpoint(Function):
         return tuple(grads)
 
 
-def _alive(key) -> bool:
-    """A key_of key still names a tensor (a weak reference to a leaf dies with the leaf)."""
-    return key is not None and (isinstance(key, tuple) or key() is not None)
+def _alive(edge) -> bool:
+    """An edge still names a tensor (a weak reference to a leaf dies with the leaf)."""
+    return edge is not None and edge.alive()
 
 
 def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy=None,
@@ -241,11 +241,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     explicit = {id(t) for t in tensors}
     inputs = [t for t in segment.outside.values() if t.requires_grad and id(t) not in explicit]
     be = backend.current()
-    replay = Replay(fn, structure, tuple((key_of(t) if t.requires_grad else None, t.requires_grad,
-                                          edge_name(key_of(t))) for t in tensors),
+    replay = Replay(fn, structure, tuple((edge_of(t) if t.requires_grad else None, t.requires_grad,
+                                          edge_of(t).name) for t in tensors),
                     tuple((weakref.ref(t), id(be.buffer(t.data)[0])) for t in segment.outside.values()
                           if id(t) not in explicit),
-                    tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
+                    tuple(edge_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
                     {"autocast": st.autocast, "saves": st.saves})
     segment.outside = {}  # the entry's edges reach them now; the segment must not hold their data
     kept = keep.arrays_to_keep() if keep is not None else {}
