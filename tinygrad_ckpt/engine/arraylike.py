@@ -1,9 +1,10 @@
 """What a Tensor shares with an array: its shape, dtype, ndim, size and nbytes, its values (`numpy()`, `item()`,
 `np.asarray(t)`), `len()`, iteration over the first axis, `bool()` of one value, and its repr.
 
-`ArrayLike` is a mixin of `Tensor` (engine/tensor.py), kept apart so that Tensor's own class reads as autograd:
-its data, its gradient, its tape entry and its in-place changes. It reads only `self.data` (and, for the repr,
-the autograd fields)."""
+They are written here so that engine/tensor.py reads as autograd (its data, gradient, tape entry, in-place
+changes); `Tensor` takes each of them by name in its body, where its data access belongs, so that the class
+lists them in place (help(Tensor), docs/api.md). Each reads only `self.data` (the repr also the autograd fields).
+"""
 
 from __future__ import annotations
 
@@ -15,9 +16,7 @@ from .. import backend
 
 
 class ArrayLike:
-    """The array side of a Tensor (see the module docstring)."""
-
-    __slots__ = ()
+    """The array side of a Tensor: not a base class, a namespace of the members Tensor takes by name."""
 
     @property
     def shape(self) -> tuple:

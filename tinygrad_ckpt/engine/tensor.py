@@ -39,9 +39,8 @@ def _as_array(data, dtype):
     return be.asarray(data, dtype=dtype)
 
 
-class Tensor(ArrayLike):
-    """An n-dimensional array that records the ops applied to it when it requires grad (its array side: shape,
-    dtype, numpy(), len(), repr, ... is the ArrayLike mixin, engine/arraylike.py)."""
+class Tensor:
+    """An n-dimensional array that records the ops applied to it when it requires grad."""
 
     __slots__ = ("data", "requires_grad", "name", "_grad", "_uid", "_entry", "_index", "__weakref__")
     is_parameter = False
@@ -204,6 +203,12 @@ class Tensor(ArrayLike):
 
     def zero_(self) -> Tensor:
         return self._change("zero_", lambda a, _: a.__setitem__(Ellipsis, 0))
+
+    # ---- data access: the array side, written in engine/arraylike.py and taken here by name, in place ------
+    shape, dtype, ndim, size, nbytes = (ArrayLike.shape, ArrayLike.dtype, ArrayLike.ndim, ArrayLike.size,
+                                        ArrayLike.nbytes)
+    numpy, item, __array__, __repr__ = ArrayLike.numpy, ArrayLike.item, ArrayLike.__array__, ArrayLike.__repr__
+    __len__, __iter__, __bool__ = ArrayLike.__len__, ArrayLike.__iter__, ArrayLike.__bool__
 
     # ---- operators (implemented in ops/) ----------------------------------------------------
     def __add__(self, other):
