@@ -82,14 +82,6 @@ def gradient_peaks(led, parameter_names) -> tuple[int, int]:
     return peak[0], peak[1]
 
 
-def measure(shape, optimizer: str = "adamw", checkpoint="none", precision: str | None = None,
-            attention: str = "explicit", saves: str = "engine") -> Measurement:
-    """One steady-state training step of shape's model (a GPTShape or a LlamaShape) on the meta backend, under a
-    Ledger (measure.SteadyStep), as `precision`, `attention` and `saves` describe the run."""
-    return measured(SteadyStep(shape, optimizer, precision=precision, attention=attention, saves=saves),
-                    optimizer, checkpoint)
-
-
 def measured(step: SteadyStep, optimizer: str, checkpoint, ledger=None, seconds: float = 0.0) -> Measurement:
     """The Measurement of a SteadyStep under `checkpoint` (measured now, or the ledger given)."""
     if ledger is None:

@@ -4,8 +4,8 @@ beside the engine's per-device estimate (measure.ParallelStep, what `tinygrad-ck
 
     spec = Spec("tests/foreign_models.py:NanoGPTStyle", dict(n_layer=2, n_embd=64, ...), shape, parallel="tp",
                 sequence=True, plan="every_layer")
-    ranks = run(spec, nproc=2)              # torchrun --nproc-per-node 2 -m tinygrad_ckpt.torch_bridge.dist (a subprocess)
-    rows = compare(spec, ranks)             # per rank: parameters, gradients, AdamW states, saved per layer, peak
+    ranks = run(spec, nproc=2)              # torchrun --nproc-per-node 2 -m tinygrad_ckpt.torch_bridge.dist
+    rows = comparison_rows(spec, ranks)     # per rank: parameters, gradients, AdamW states, saved per layer, peak
     print(table(rows))
 
 Each rank builds the model (same seed, same weights), computes the unsplit model's loss on its batch (the check
@@ -334,7 +334,8 @@ def run(specs, nproc: int = 2, timeout: float = 300) -> list[list[dict]]:
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ranks.json")
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "tinygrad_ckpt.torch_bridge.dist", "--specs", json.dumps([s.to_json() for s in specs]), "--out", out]
+               "-m", "tinygrad_ckpt.torch_bridge.dist", "--specs", json.dumps([s.to_json() for s in specs]),
+               "--out", out]
         env = dict(os.environ, OMP_NUM_THREADS="1")
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
         if done.returncode != 0 or not os.path.exists(out):
@@ -409,7 +410,7 @@ class Row:
 
 def terms(spec: Spec, world: int, saves: str = "engine") -> dict:
     """The named differences between PyTorch's saves and the engine's for this run, in bytes, from the shapes:
-    {name: (bytes, why)}. Each is counted in compare() where PyTorch's saves it describes are held. Against an
+    {name: (bytes, why)}. Each is counted in comparison_rows() where PyTorch's saves it describes are held. Against an
     estimate with saves="pytorch" the engine's layer norms save as PyTorch's do: their terms are 0 (its
     cross-entropy keeps what it keeps under every profile, so that term stays)."""
     s = spec.shape
@@ -460,17 +461,17 @@ def _head_terms(named: dict, spec: Spec) -> list:
     return out
 
 
-def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "transformer.h",
+def comparison_rows(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "transformer.h",
             saves: str = "engine") -> list[Row]:
     """One rank's measurements beside the engine's estimate (estimate(spec, world, saves) if not given), row by row:
     parameters, gradients, AdamW states, the saves of every block, of ln_f + lm_head and of the loss, the peak of
     saved bytes, and FSDP2's all-gathered parameters and unsharded gradients; each difference a named term
-    (terms()). compare(spec, rank, saves="pytorch") is the comparison with the estimate's --saves pytorch."""
+    (terms()). comparison_rows(spec, rank, saves="pytorch") is the comparison with the estimate's --saves pytorch."""
     from ..recompute import planner
 
     if spec.policy:
-        raise NotImplementedError("torch_dist.compare: the named terms are derived for plans (full recompute); under "
-                                  f"policy {spec.policy} the ranks' measurements stand alone")
+        raise NotImplementedError("torch_dist.comparison_rows: the named terms are derived for plans (full "
+                                  f"recompute); under policy {spec.policy} the ranks' measurements stand alone")
     world = rank["world"]
     est = est or estimate(spec, world, saves)
     named = terms(spec, world, saves)
