@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate
+from typing import NamedTuple
 
 # Automatic granularity aims for at most this many memory units in the budget (the DP's memory axis).
 TARGET_BUDGET_UNITS = 128
@@ -415,6 +416,8 @@ def plan_chain(
 
 
 def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | None, max_depth: int | None):
+    """The plan of least recompute over the chain whose peak fits `budget_bytes`: sizes rounded up to `unit`
+    bytes, the dynamic programme `_least_recompute` searched, its choices followed by `_segments`."""
     n = len(costs)
     if n == 0:
         raise ValueError("the chain has no layers")
@@ -430,13 +433,40 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
     if sum(c.saved_bytes for c in costs) <= budget_bytes and not free_before[n]:
         return _with_predictions(costs, no_checkpoint_plan(n))  # zero recompute, whatever the rounding
     unit = granularity or _auto_granularity(costs, budget_bytes, max_depth)
+    units = _in_units(costs, unit)
+    best = _least_recompute(costs, units, free_before)
+    capacity = budget_bytes // unit
+    if best(0, n, capacity, False, max_depth, False) is None:  # [0, n) is its own canonical range
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
+            f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
+        )
+    return _with_predictions(costs, Plan(_segments(best, units, 0, n, capacity, False, max_depth, False)))
+
+
+class _Units(NamedTuple):
+    """A chain's sizes in units of the granularity (rounded up) and its canonical sub-ranges: first[i][j] is the
+    (i', j') that stands for [i, j) (equal sub-chains share one entry of the search's cache)."""
+
+    saved: list[int]
+    inputs: list[int]
+    first: list
+
+
+def _in_units(costs: list[LayerCost], unit: int) -> _Units:
     saved = [-(-c.saved_bytes // unit) for c in costs]
     inputs = [-(-c.input_bytes // unit) for c in costs]
+    return _Units(saved, inputs, _canonical_ranges([(a, b, c.forward_flops, c.tail_flops)
+                                                   for a, b, c in zip(saved, inputs, costs)]))
+
+
+def _least_recompute(costs: list[LayerCost], units: _Units, free_before: list[int]):
+    """The dynamic programme over the chain: best(i, j, m, held, depth_left, ends_replay), cached."""
+    saved, inputs, first = units
     flops_before = [0, *accumulate(c.forward_flops for c in costs)]
     saved_before = [0, *accumulate(saved)]
     least_units = _min_peak_function(saved, inputs)
     tails = [c.tail_flops for c in costs]
-    first = _canonical_ranges([(a, b, c.forward_flops, c.tail_flops) for a, b, c in zip(saved, inputs, costs)])
 
     @cache
     def best(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool):
@@ -468,33 +498,30 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
                     choice = option
         return choice
 
-    def build(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool) -> list[Segment]:
-        """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
-        segments: list[Segment] = []
-        while i < j:
-            split = best(*first[i][j], m, held, depth_left, ends_replay)[2]
-            if split is None:
-                if segments and not segments[-1].checkpoint:
-                    segments[-1] = Segment(segments[-1].start, i + 1)
-                else:
-                    segments.append(Segment(i, i + 1))
-                m, i = m - saved[i], i + 1
-            else:
-                k = i + split
-                m -= 0 if held else inputs[i]
-                inner = build(i, k, m, True, None if depth_left is None else depth_left - 1, True)
-                segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
-                i = k
-            held = False
-        return segments
+    return best
 
-    capacity = budget_bytes // unit
-    if best(0, n, capacity, False, max_depth, False) is None:  # [0, n) is its own canonical range
-        raise ValueError(
-            f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
-            f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
-        )
-    return _with_predictions(costs, Plan(build(0, n, capacity, False, max_depth, False)))
+
+def _segments(best, units: _Units, i: int, j: int, m: int, held: bool, depth_left: int | None,
+              ends_replay: bool) -> list[Segment]:
+    """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
+    saved, inputs, first = units
+    segments: list[Segment] = []
+    while i < j:
+        split = best(*first[i][j], m, held, depth_left, ends_replay)[2]
+        if split is None:
+            if segments and not segments[-1].checkpoint:
+                segments[-1] = Segment(segments[-1].start, i + 1)
+            else:
+                segments.append(Segment(i, i + 1))
+            m, i = m - saved[i], i + 1
+        else:
+            k = i + split
+            m -= 0 if held else inputs[i]
+            inner = _segments(best, units, i, k, m, True, None if depth_left is None else depth_left - 1, True)
+            segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
+            i = k
+        held = False
+    return segments
 
 
 def _with_predictions(costs: list[LayerCost], plan: Plan) -> Plan:
