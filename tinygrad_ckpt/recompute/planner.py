@@ -257,54 +257,61 @@ def simulate(costs: list[LayerCost], plan: Plan) -> SimResult:
     costs = list(costs)
     if (plan.start, plan.stop) != (0, len(costs)):
         raise ValueError(f"plan covers [{plan.start}:{plan.stop}), the chain has {len(costs)} layers")
-    held: dict[tuple[str, int], int] = {}
-    timeline: list[tuple[str, int]] = [("start", 0)]
-    replays = [0] * len(costs)
-    recompute = 0
+    run = _Simulation(costs)
+    run.backward(plan, run.forward(plan, replaying=False))
+    peak = max(nbytes for _, nbytes in run.timeline)
+    return SimResult(peak, run.recompute, run.timeline, tuple(run.replays))
 
-    def hold(item: tuple[str, int], nbytes: int, event: str) -> None:
-        assert item not in held, f"{item} held twice"
-        held[item] = nbytes
-        timeline.append((event, timeline[-1][1] + nbytes))
 
-    def release(item: tuple[str, int], event: str) -> None:
-        timeline.append((event, timeline[-1][1] - held.pop(item)))
+class _Simulation:
+    """What one simulated step holds (by item: ("input", p) or ("saved", k)), its timeline of held bytes, the
+    FLOPs it recomputes and how often each layer is replayed."""
 
-    def forward(plan: Plan, replaying: bool) -> list[bool]:
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.held: dict[tuple[str, int], int] = {}
+        self.timeline: list[tuple[str, int]] = [("start", 0)]
+        self.replays = [0] * len(costs)
+        self.recompute = 0
+
+    def hold(self, item: tuple[str, int], nbytes: int, event: str) -> None:
+        assert item not in self.held, f"{item} held twice"
+        self.held[item] = nbytes
+        self.timeline.append((event, self.timeline[-1][1] + nbytes))
+
+    def release(self, item: tuple[str, int], event: str) -> None:
+        self.timeline.append((event, self.timeline[-1][1] - self.held.pop(item)))
+
+    def forward(self, plan: Plan, replaying: bool) -> list[bool]:
         """Run the forward of each segment; return which checkpoints added their input x_p."""
-        nonlocal recompute
-        added = []
+        costs, added = self.costs, []
         for seg in plan.segments:
             if replaying:
                 for k in range(seg.start, seg.stop):
-                    recompute += costs[k].forward_flops
-                    replays[k] += 1
+                    self.recompute += costs[k].forward_flops
+                    self.replays[k] += 1
                 if seg is plan.segments[-1] and not seg.checkpoint:  # the replay stops before the tail
-                    recompute -= costs[seg.stop - 1].tail_flops
-            fresh = seg.checkpoint and ("input", seg.start) not in held
+                    self.recompute -= costs[seg.stop - 1].tail_flops
+            fresh = seg.checkpoint and ("input", seg.start) not in self.held
             if fresh:
-                hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
+                self.hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
             if not seg.checkpoint:
                 for k in range(seg.start, seg.stop):
-                    hold(("saved", k), costs[k].saved_bytes, f"forward {k}")
+                    self.hold(("saved", k), costs[k].saved_bytes, f"forward {k}")
             added.append(fresh)
         return added
 
-    def backward(plan: Plan, added: list[bool]) -> None:
+    def backward(self, plan: Plan, added: list[bool]) -> None:
         for seg, fresh in reversed(list(zip(plan.segments, added))):
             if seg.checkpoint:
                 inner = seg.inner or Plan([Segment(seg.start, seg.stop)])
-                timeline.append((f"replay [{seg.start}:{seg.stop})", timeline[-1][1]))
-                backward(inner, forward(inner, replaying=True))
+                self.timeline.append((f"replay [{seg.start}:{seg.stop})", self.timeline[-1][1]))
+                self.backward(inner, self.forward(inner, replaying=True))
                 if fresh:
-                    release(("input", seg.start), f"drop x{seg.start}")
+                    self.release(("input", seg.start), f"drop x{seg.start}")
             else:
                 for k in reversed(range(seg.start, seg.stop)):
-                    release(("saved", k), f"backward {k}")
-
-    backward(plan, forward(plan, replaying=False))
-    peak = max(nbytes for _, nbytes in timeline)
-    return SimResult(peak, recompute, timeline, tuple(replays))
+                    self.release(("saved", k), f"backward {k}")
 
 
 # ---------------------------------------------------------------------------------------------------
