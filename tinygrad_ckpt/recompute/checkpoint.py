@@ -204,16 +204,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     "metadata" (shapes and dtypes) or "none". use_reentrant: only False (or None) exists here: PyTorch's
     non-reentrant semantics. Under tg.no_grad() this is a plain call.
     """
-    if not callable(fn):
-        hint = " (pass the function and its arguments: tg.checkpoint(block, h), not tg.checkpoint(block(h)))" \
-            if isinstance(fn, Tensor) else ""
-        raise TypeError(f"checkpoint: fn must be a callable, got {type(fn).__name__}{hint}")
-    if determinism_check not in ("values", "metadata", "none"):
-        raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got "
-                         f"{determinism_check!r}")
-    if use_reentrant:
-        raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
-                         "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
+    # Longer than the house's ~50 lines on purpose: this is the segment operator a learner steps through in pdb,
+    # top to bottom (the forward under the observers, what the entry records, Checkpoint.apply), each step using
+    # what the one before made; split, it would read as jumps between helpers passing a dozen values along. (Said
+    # here, not in the docstring, which docs/api.md prints.)
+    _check_arguments(fn, determinism_check, use_reentrant)
     policy = as_policy(policy)
     st = state.local
     if not st.grad_enabled:
@@ -255,6 +250,20 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
         keep.let_go()
     results = iter(results if isinstance(results, tuple) else (results,))
     return tree_map(lambda t: next(results), out)
+
+
+def _check_arguments(fn, determinism_check: str, use_reentrant) -> None:
+    """Raise, naming the argument, for what checkpoint() cannot run."""
+    if not callable(fn):
+        hint = " (pass the function and its arguments: tg.checkpoint(block, h), not tg.checkpoint(block(h)))" \
+            if isinstance(fn, Tensor) else ""
+        raise TypeError(f"checkpoint: fn must be a callable, got {type(fn).__name__}{hint}")
+    if determinism_check not in ("values", "metadata", "none"):
+        raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got "
+                         f"{determinism_check!r}")
+    if use_reentrant:
+        raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
+                         "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
 
 
 __all__ = ["checkpoint", "CheckpointError", "Checkpoint"]
