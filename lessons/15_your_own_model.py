@@ -28,7 +28,7 @@ What you will see:
    torch.distributed or its gloo backend cannot run).
 
 Read: tinygrad_ckpt/torch_bridge/plans.py (apply_plan, measure, comparison_table),
-tinygrad_ckpt/torch_bridge/weights.py, tinygrad_ckpt/torch_bridge/dist.py (tensor_parallel, compare),
+tinygrad_ckpt/torch_bridge/weights.py, tinygrad_ckpt/torch_bridge/dist.py (tensor_parallel, comparison_rows),
 tinygrad_ckpt/recompute/planner.py (plan_chain).
 
 Run: python lessons/15_your_own_model.py [--quick] [--out figures]
@@ -255,7 +255,7 @@ def main(quick: bool = False, out: str | None = None) -> dict:
     ln = 2 * (B * T * D * 4 + B * T * 4)  # two norms a block: input and mean more in PyTorch
     per_layer = {}
     for label, saves, led in (("none", plain, led_plain), ("plan", planned, led_plan)):
-        rows = {r["name"]: r for r in tp.compare(saves, led)}
+        rows = {r["name"]: r for r in tp.comparison_rows(saves, led)}
         per_layer[label] = {b: (rows[b]["torch"], rows[b]["engine"]) for b in blocks}
         print(f"\n{label}: {describe(applied) if label == 'plan' else 'no checkpoint'}")
         print(tp.comparison_table(saves, led))
@@ -267,7 +267,7 @@ def main(quick: bool = False, out: str | None = None) -> dict:
           f"2 × ({B}·{T}·{D} + {B}·{T}) × 4 B; the engine's keep their output, which the next linear keeps anyway),"
           f"\nless the block's input ({B * T * D * 4:,} B) under a checkpoint that starts at it (its ln_1's input is "
           f"the checkpoint's)")
-    rows = {r["name"]: r["difference"] for r in tp.compare(plain, led_plain)}
+    rows = {r["name"]: r["difference"] for r in tp.comparison_rows(plain, led_plain)}
     head = {"transformer.ln_f": B * T * 4, "lm_head": B * T * D * 4, tp.OUTSIDE: 4 - B * T * 5}
     for name, term in head.items():
         unexplained = max(unexplained, abs(rows[name] - term))
@@ -319,7 +319,7 @@ def main(quick: bool = False, out: str | None = None) -> dict:
         ranks = dict(zip(specs, td.run(list(specs.values()), nproc=2)))
         tp_result = {}
         for sp, spec in specs.items():
-            rows = td.compare(spec, ranks[sp][0])
+            rows = td.comparison_rows(spec, ranks[sp][0])
             label = "t = 2" + (" + sequence parallel" if sp else "")
             print(td.table(rows, f"{label}, every layer checkpointed: rank 0 of 2 (rank 1 holds the same)"))
             tp_result[label] = {"rows": {r.quantity: (r.measured, r.estimate, r.unexplained) for r in rows},

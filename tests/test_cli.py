@@ -17,6 +17,7 @@ from tinygrad_ckpt import backend
 from tinygrad_ckpt.app import cli
 from tinygrad_ckpt.scale import estimate as est
 from tinygrad_ckpt.scale import report
+from tinygrad_ckpt.scale.measure import SteadyStep
 
 SMALL = ["estimate", "--layers", "2", "--d-model", "32", "--heads", "4", "--seq", "16", "--batch", "2",
          "--vocab", "50", "--dtype", "float32"]
@@ -51,7 +52,7 @@ def test_estimate_measures_what_the_formulas_say():
     """No checkpointing, no dropout: the ledger's per-block saves equal the engine's own formula (plus the
     attention's 0-d scale constant), and the parameter peak is exactly params × bytes."""
     shape = est.GPTShape(n_layer=2, d_model=32, n_head=4, seq_len=16, batch=2, vocab_size=50, dtype="float32")
-    m = report.measure(shape, "adamw", "none")
+    m = report.measured(SteadyStep(shape, "adamw"), "adamw", "none")
     assert m.n_params == est.gpt_parameter_count(shape)
     assert m.ledger.peak_bytes("parameter") == 4 * m.n_params
     assert m.ledger.peak_bytes("optimizer") == 2 * 4 * m.n_params
@@ -62,8 +63,8 @@ def test_estimate_measures_what_the_formulas_say():
 @pytest.mark.parametrize("checkpoint", ["every_layer", "sqrt", "selective", "2"])
 def test_estimate_with_checkpointing_recomputes_and_saves_less(checkpoint, capsys):
     shape = est.GPTShape(n_layer=4, d_model=32, n_head=4, seq_len=16, batch=2, vocab_size=50, dtype="float16")
-    plain = report.measure(shape, "sgd", "none")
-    ckpt = report.measure(shape, "sgd", cli._checkpoint(checkpoint))
+    plain = report.measured(SteadyStep(shape, "sgd"), "sgd", "none")
+    ckpt = report.measured(SteadyStep(shape, "sgd"), "sgd", cli._checkpoint(checkpoint))
     assert ckpt.ledger.flops("recompute") > 0
     assert ckpt.ledger.peak_bytes("activation") < plain.ledger.peak_bytes("activation")
     assert cli.main(SMALL + ["--checkpoint", checkpoint, "--optimizer", "none"]) == 0

@@ -40,7 +40,7 @@ def test_per_rank_memory_matches_the_engines_estimate_within_2_percent(ranks, ru
     for rank in ranks[run]:
         assert rank["world"] == 2
         assert rank["loss"] == pytest.approx(rank["reference_loss"], rel=1e-5)  # the split computes the same
-        rows = td.compare(spec, rank, estimate)
+        rows = td.comparison_rows(spec, rank, estimate)
         text = td.table(rows, f"{run} rank {rank['rank']}")
         for row in rows:
             assert row.within <= 0.02, text
@@ -72,12 +72,12 @@ def test_the_split_shards_what_it_should(ranks):
 
 def test_a_selective_policy_runs_on_the_sequence_parallel_split(ranks):
     """korthikanti_selective on DTensor shards: the same loss, less kept than no checkpoint (its named terms against
-    the engine are not derived: compare refuses it by name)."""
+    the engine are not derived: comparison_rows refuses it by name)."""
     for rank in ranks["selective"]:
         assert rank["loss"] == pytest.approx(rank["reference_loss"], rel=1e-5)
         assert rank["peak_saved"] < ranks["tp", True, None][rank["rank"]]["peak_saved"]
     with pytest.raises(NotImplementedError, match="korthikanti_selective"):
-        td.compare(SELECTIVE, ranks["selective"][0])
+        td.comparison_rows(SELECTIVE, ranks["selective"][0])
 
 
 def test_a_spec_round_trips_through_json():
@@ -104,7 +104,7 @@ def test_per_rank_memory_matches_the_pytorch_saves_estimate_with_no_byte_unexpla
     named = td.terms(spec, 2, saves="pytorch")
     assert named["layer_norm_input"][0] == named["layer_norm_mean"][0] == 0 < td.terms(spec, 2)["layer_norm_mean"][0]
     for rank in ranks[run]:
-        rows = td.compare(spec, rank, estimate, saves="pytorch")
+        rows = td.comparison_rows(spec, rank, estimate, saves="pytorch")
         text = td.table(rows, f"{run} rank {rank['rank']}, saves=pytorch")
         assert all(row.unexplained == 0 and row.within <= 0.02 for row in rows), text
         block = {r.quantity: r for r in rows}["saved, transformer.h.0"]
@@ -122,5 +122,5 @@ def test_four_processes(tmp_path):
         assert len(ranks) == 4
         for rank in ranks:
             assert rank["loss"] == pytest.approx(rank["reference_loss"], rel=1e-5)
-            rows = td.compare(spec, rank, estimate)
+            rows = td.comparison_rows(spec, rank, estimate)
             assert all(row.within <= 0.02 for row in rows), td.table(rows)

@@ -278,7 +278,7 @@ def test_the_comparison_with_the_engines_ledger_is_one_call():
         loss.backward()
     saves = tp.measure(model, lambda: model(idx, idx)[1])
     assert saves.loss == pytest.approx(loss.item(), rel=1e-5)
-    rows = {r["name"]: r for r in tp.compare(saves, led)}
+    rows = {r["name"]: r for r in tp.comparison_rows(saves, led)}
     Bt, d = B * T, 64
     layer_norm = Bt * d * 4 + Bt * 4  # PyTorch: input and mean more, the output (in the next linear) fewer
     for i in range(4):

@@ -6,7 +6,7 @@ first NaN/Inf or the first saved array changed behind the engine's back.
                                           # `p entry.ctx`, `p [g.shape for g in grad_outs]`, `n`
 
 A pattern matches an entry's op kind ("softmax") or whole dotted parts of its scoped name ("attn",
-"h.3.attn"; "h.1" is not "h.10"). A pattern that has not matched by the end of a backward pass is
+"h.3.attn"; "h.1" is not "h.10"; engine/names.py). A pattern that has not matched by the end of a backward pass is
 reported once, with the closest names it could have meant. `q` at a stop ends the program quietly.
 Breakpoints belong to the thread that set them (every thread starts with TINYGRAD_CKPT_BREAK's).
 
@@ -16,7 +16,6 @@ backward reads it, which catches a change made behind the engine's back (`tensor
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 import pdb
@@ -27,24 +26,8 @@ import zlib
 
 from . import backend, state
 from .checks import kind
+from .engine.names import closest_names, matches
 from .engine.observe import Observer, observing
-
-
-def matches(op: str, name: str, pattern: str) -> bool:
-    """Does `pattern` name this op: its kind ("softmax") or a run of whole dotted parts of its scoped name
-    ("attn", "h.3.attn", the whole name), so that "h.1" names h.1's ops and not h.10's?"""
-    if pattern == op:
-        return True
-    parts, wanted = name.split("."), pattern.split(".")
-    n = len(wanted)
-    return any(parts[i:i + n] == wanted for i in range(len(parts) - n + 1))
-
-
-def closest_names(pattern: str, names) -> list[str]:
-    """Up to four of the op kinds and dotted parts of `names` that look most like `pattern` (for a warning)."""
-    parts = {".".join(name.split(".")[i:j]) for name in names
-             for i in range(name.count(".") + 1) for j in range(i + 1, name.count(".") + 2)}
-    return difflib.get_close_matches(pattern, sorted(p for p in parts if not p[:1].isdigit()), n=4, cutoff=0.5)
 
 
 class Breakpoints(Observer):

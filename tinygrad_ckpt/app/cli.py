@@ -6,29 +6,25 @@
     tinygrad-ckpt figures --quick [--only 03] [--out figures/] [--verbose]
     tinygrad-ckpt explore --layers 12 --d-model 768 --heads 12 --seq 1024 --out gpt2.html   # a page to open
 
-`estimate` builds the model on the meta backend (shapes only), takes a first training step (the optimizer's
-states), then measures a second, steady one under a ledger and prints it beside the analytic formulas
-(scale/estimate.py), in seconds for a 7B model. A command runs at most MAX_BLOCK_RUNS (8192) block runs, about
-a minute. A bad argument, or a run past that limit, is answered with one line and exit status 2; a missing
-repository (a wheel install has no lessons/) with one line and status 1. More: docs/estimate.md, docs/house.md.
+This module parses the arguments and dispatches: what `estimate` and `explore` run is scale/commands.py's (the meta
+backend, the block limit), what they print scale/report.py's. A bad argument is answered with one line and exit
+status 2; a missing repository (a wheel install has no lessons/) with one line and status 1. More: docs/estimate.md,
+docs/house.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 
 from .. import backend
 from ..memory import cuda_allocator
-from ..scale import devices
+from ..scale import commands, devices
 from ..scale import estimate as est
-from ..scale.measure import PRECISIONS, SteadyStep, best_plan, precision_of
-from ..scale.parallel import Parallelism
-from ..scale.report import device_fit, explore, measured, parallel_report, report, run_summary
+from ..scale.measure import PRECISIONS
 from ..state import SAVES
-from ..units import format_bytes, parse_bytes
+from ..units import parse_bytes
 
 _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32": "float32", "fp32": "float32",
            "float": "float32", "single": "float32", "float64": "float64", "fp64": "float64", "double": "float64",
@@ -151,6 +147,17 @@ def _parser() -> argparse.ArgumentParser:
         description="Where training memory goes, and how activation checkpointing buys it back.",
     )
     sub = parser.add_subparsers(dest="command", metavar="{figures,estimate,explore,notebooks,api-docs}")
+    _figures_arguments(sub)
+    _estimate_arguments(sub)
+    _explore_arguments(sub)
+    sub.add_parser("notebooks", help="write notebooks/NN_<slug>.ipynb from the lessons",
+                   description="Write every lesson as a Jupyter notebook into notebooks/ (no outputs).")
+    sub.add_parser("api-docs", help="write docs/api.md from the docstrings",
+                   description="Write the public API reference, docs/api.md, from the docstrings.")
+    return parser
+
+
+def _figures_arguments(sub) -> None:
     fig = sub.add_parser("figures", help="draw the lessons' figures (figures/NN_<slug>.png)",
                          description="Run the lessons and write their figures.")
     fig.add_argument("--quick", action="store_true", help="small sizes, for a fast smoke run")
@@ -159,6 +166,9 @@ def _parser() -> argparse.ArgumentParser:
                                                   "--quick a scratch folder, never figures/)")
     fig.add_argument("--verbose", "-v", action="store_true",
                      help="print each lesson's text as it runs (default: a progress line and two numbers each)")
+
+
+def _estimate_arguments(sub) -> None:
     e = sub.add_parser(
         "estimate", help="measure one training step of a GPT of any size on the meta backend",
         description="Build a GPT on the shape-only meta backend, run forward, backward and an optimizer step "
@@ -194,6 +204,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--zero", type=int, choices=(1, 2, 3), default=0,
                    help="ZeRO stage over --data-parallel replicas: 1 optimizer states, 2 + gradients, 3 + parameters")
     e.add_argument("--data-parallel", type=_positive, default=1, metavar="D", help="data-parallel replicas")
+
+
+def _explore_arguments(sub) -> None:
     x = sub.add_parser(
         "explore", help="write the memory explorer page (HTML) of a GPT training step under checkpoint plans",
         description="Measure one steady-state training step of a GPT on the meta backend under each --checkpoint "
@@ -210,31 +223,6 @@ def _parser() -> argparse.ArgumentParser:
     x.add_argument("--memory-viz", action="store_true",
                    help="also write each step as a PyTorch memory_viz snapshot, PATH_<plan>.pickle, to open at "
                         "pytorch.org/memory_viz")
-    sub.add_parser("notebooks", help="write notebooks/NN_<slug>.ipynb from the lessons",
-                   description="Write every lesson as a Jupyter notebook into notebooks/ (no outputs).")
-    sub.add_parser("api-docs", help="write docs/api.md from the docstrings",
-                   description="Write the public API reference, docs/api.md, from the docstrings.")
-    return parser
-
-
-# A meta run costs about 4.5 ms and 0.1 MB per block it runs forward and backward (measured on 2026-12-01: 2048
-# layers, two steps, 19 s and 465 MB), whatever the sizes. The limit keeps a run under a minute and about 1 GB:
-# 4096 layers for `estimate` (far beyond the ~130 of today's largest models); the per-block numbers it reports do
-# not depend on the depth, so a deeper model is estimated from fewer layers.
-MAX_BLOCK_RUNS = 8192
-
-
-def _check_cost(parser, args, passes: int, layers: int, what: str) -> None:
-    """Refuse, in one line, a meta run of more than MAX_BLOCK_RUNS blocks (`passes` × `layers`): it would take
-    minutes to hours."""
-    runs = passes * layers
-    if runs > MAX_BLOCK_RUNS:
-        seconds = runs * 0.0045
-        took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
-        parser.error(f"--layers {args.layers or layers}: this {args.command} would run {runs:,} blocks on the meta "
-                     f"backend ({what}; about {took} and {runs * 0.1 / 1000:,.1f} GB), more than the limit of "
-                     f"{MAX_BLOCK_RUNS:,}. The per-block numbers do not depend on the depth: measure fewer layers "
-                     "and scale")
 
 
 def _checkout(command: str) -> bool:
@@ -267,164 +255,27 @@ def main(argv=None) -> int:
 
         return (notebooks if args.command == "notebooks" else apidoc).main()
     if args.command == "figures":
-        try:
-            from . import figures
-        except ImportError as exc:
-            print(f"tinygrad-ckpt figures: the figures module is not available ({exc})", file=sys.stderr)
-            return 1
-        try:
-            result = figures.run(quick=args.quick, only=args.only, out=args.out, verbose=args.verbose)
-        except ValueError as exc:  # an unknown lesson number, an --out that cannot be made
-            parser.error(str(exc))
-        except figures.LessonsNotFound as exc:  # a wheel install: the lessons live in the repository
-            print(f"tinygrad-ckpt figures: error: {exc}", file=sys.stderr)
-            return 1
-        return result if isinstance(result, int) else 0
-    shape, assumed = _shape(parser, args)
-    run = _run(parser, args, assumed)
+        return _figures(parser, args)
     if args.command == "explore":
-        plans = args.checkpoint
-        for plan in plans:
-            if isinstance(plan, int) and plan > shape.n_layer:
-                parser.error(f"--checkpoint {plan}: more segments than the {shape.n_layer} layers; choose 1 to "
-                             f"{shape.n_layer} (or every_layer, sqrt)")
-        _check_cost(parser, args, 1 + len(plans), shape.n_layer, f"a first step, then one per plan: {1 + len(plans)} "
-                    f"× {shape.n_layer} layers")
-        try:
-            written = explore(shape, args.optimizer, plans, args.out, args.memory_viz, **run)
-        except OSError as exc:
-            parser.error(f"cannot write {exc.filename or args.out}: {exc.strerror or exc}")
-        for path in written:
-            print(f"wrote {path}")
-        return 0
-    if args.budget is not None and args.checkpoint is not None:
-        parser.error(f"--budget {args.budget:,} B finds the plan itself: leave out --checkpoint {args.checkpoint}")
-    checkpoint = args.checkpoint or "none"
-    if isinstance(checkpoint, int) and checkpoint > shape.n_layer:
-        parser.error(f"--checkpoint {checkpoint}: more segments than the {shape.n_layer} layers; choose 1 to "
-                     f"{shape.n_layer} (or every_layer, sqrt)")
-    device, capacity = _device(args, assumed)
-    if args.microbatches is not None and args.pipeline_parallel == 1:
-        parser.error(f"--microbatches {args.microbatches} needs --pipeline-parallel > 1 (microbatches feed pipeline "
-                     "stages)")
-    par = Parallelism(args.tensor_parallel, args.sequence_parallel, args.pipeline_parallel,
-                      args.microbatches or args.pipeline_parallel, args.zero, args.data_parallel, args.virtual_stages)
-    steps = 1 if args.optimizer == "none" else 2  # a first step makes the optimizer states, then the measured one
-    if par == Parallelism():
-        _check_cost(parser, args, steps if args.budget is None else steps + 12, shape.n_layer,
-                    f"{steps} step(s) × {shape.n_layer} layers" + ("" if args.budget is None else
-                                                                   " + about 12 plans measured for --budget"))
-        step = SteadyStep(shape, args.optimizer, **run)
-        search = None
-        if args.budget is not None:
-            search = best_plan(step, args.budget)
-            checkpoint = search.plan if search.plan is not None else "every_layer"
-        m = measured(step, args.optimizer, checkpoint)
-        fit = device_fit(m.ledger.events, capacity, device, args.alloc_conf)
-        print(json.dumps(run_summary(m, fit, assumed, search)) if args.json else
-              report(m, capacity, fit, assumed, search))
-        return 0
-    if args.budget is not None:
-        parser.error("--budget plans one device's blocks: leave out the parallelism flags")
-    if not isinstance(shape, est.GPTShape):
-        parser.error("parallelism is modelled for GPT-2 shapes (tinygrad_ckpt/parallel.py); leave out --arch llama "
-                     "or the parallelism flags")
+        return commands.explore_command(parser.error, args)
+    return commands.estimate_command(parser.error, args)
+
+
+def _figures(parser, args) -> int:
+    """`tinygrad-ckpt figures`: run the lessons (app/figures.py), a missing repository answered in one line."""
     try:
-        par.check(shape)
-    except ValueError as exc:
-        parser.error(str(exc).replace("tensor_parallel", "--tensor-parallel").replace(
-            "pipeline_parallel", "--pipeline-parallel").replace("sequence_parallel", "--sequence-parallel").replace(
-            "data_parallel", "--data-parallel").replace("microbatches", "--microbatches").replace(
-            "virtual_stages", "--virtual-stages").replace("zero", "--zero"))
-    _check_cost(parser, args, steps * par.microbatches * par.virtual, shape.n_layer // (par.pipeline * par.virtual),
-                f"{steps} step(s) × {par.microbatches} microbatch(es) × {shape.n_layer // par.pipeline} layers of one "
-                "stage" if par.virtual == 1 else f"{steps} step(s) × {par.microbatches} microbatch(es) × "
-                f"{par.virtual} chunks × {shape.n_layer // (par.pipeline * par.virtual)} layers of one chunk")
-    if not isinstance(checkpoint, str) or checkpoint not in ("none", "selective", "every_layer"):
-        parser.error(f"--checkpoint {checkpoint} with parallelism: choose none, selective or every_layer")
-    print(parallel_report(shape, par, args.optimizer, checkpoint, capacity, device=device,
-                          alloc_conf=args.alloc_conf, assumed=assumed, as_json=args.json, **run))
-    return 0
-
-
-# the seed's 7B example: what a shape flag is when neither it nor --model says
-SEED_SHAPE = {"n_layer": 32, "d_model": 4096, "n_head": 32, "seq_len": 2048, "batch": 4, "vocab_size": 32000}
-_FLAGS = {"n_layer": "layers", "d_model": "d_model", "n_head": "heads", "seq_len": "seq", "batch": "batch",
-          "vocab_size": "vocab", "n_kv_head": "kv_heads", "ffn_hidden": "ffn", "n_experts": "experts",
-          "experts_per_token": "experts_per_token", "dropout": "dropout"}
-_LLAMA_ONLY = ("n_kv_head", "ffn_hidden", "n_experts", "experts_per_token")
-
-
-def _flag(field: str) -> str:
-    return "--" + _FLAGS[field].replace("_", "-")
-
-
-def _shape(parser, args):
-    """(the shape the flags describe, what was assumed): the preset's fields or the seed's, each flag given over
-    them; every value the user did not give is named in `assumed`."""
-    given = {f: getattr(args, a) for f, a in _FLAGS.items() if getattr(args, a) is not None}
-    assumed = []
-    dtype = _values_dtype(parser, args)
+        from . import figures
+    except ImportError as exc:
+        print(f"tinygrad-ckpt figures: the figures module is not available ({exc})", file=sys.stderr)
+        return 1
     try:
-        if args.model:
-            seq, batch = given.pop("seq_len", None), given.pop("batch", 1)
-            shape = est.preset(args.model, seq_len=seq, batch=batch, dtype=dtype, arch=args.arch, **given)
-            assumed += est.assumptions(shape, args.model)
-            if seq is None:
-                assumed.append(f"seq {shape.seq_len}: min(2048, the preset's context of {shape.block_size}) (--seq)")
-            if args.batch is None:
-                assumed.append("batch 1 (--batch)")
-        else:
-            arch = args.arch or "gpt2"
-            if arch == "gpt2":
-                llama = [_flag(f) for f in _LLAMA_ONLY if f in given]
-                if llama:
-                    parser.error(f"{', '.join(llama)}: Llama settings; add --arch llama (or --model llama-3-8b ...)")
-            if args.arch is None:
-                assumed.append("arch gpt2: nanoGPT's blocks (--arch llama, or --model NAME)")
-            for field, value in SEED_SHAPE.items():
-                if field not in given:
-                    note = "; GPT-2's tokenizer has 50,257" if field == "vocab_size" else ""
-                    assumed.append(f"{_flag(field)[2:]} {value}: the seed's 7B example{note} ({_flag(field)})")
-            fields = {**SEED_SHAPE, **given}
-            shape = (est.GPTShape if arch == "gpt2" else est.LlamaShape)(dtype=dtype, **fields)
-    except ValueError as exc:
+        result = figures.run(quick=args.quick, only=args.only, out=args.out, verbose=args.verbose)
+    except ValueError as exc:  # an unknown lesson number, an --out that cannot be made
         parser.error(str(exc))
-    return shape, assumed
-
-
-def _values_dtype(parser, args) -> str:
-    """The dtype --precision or --dtype gives the shape (refusing the two when they disagree)."""
-    if args.precision and args.dtype and precision_of(args.dtype).name != args.precision:
-        parser.error(f"--dtype {args.dtype} is pure {precision_of(args.dtype).name}, but --precision says "
-                     f"{args.precision}: give one of them")
-    return precision_of(args.precision or args.dtype or "fp16").weights
-
-
-def _run(parser, args, assumed) -> dict:
-    """How the run keeps its numbers (SteadyStep's precision, attention and saves), each default named in
-    `assumed`."""
-    precision = precision_of(args.precision or args.dtype or "fp16")
-    if args.precision is None and args.dtype is None:
-        assumed.append(f"precision fp16: {precision.about} (--precision)")
-    if args.attention is None:
-        assumed.append("attention explicit: the [B, H, T, T] weights are kept, as nanoGPT without flash "
-                       "(--attention flash: FlashAttention or PyTorch's SDPA)")
-    if args.saves is None:
-        assumed.append("saves engine: this engine's choice of saved arrays (--saves pytorch | megatron)")
-    return {"precision": precision.name, "attention": args.attention or "explicit", "saves": args.saves or "engine"}
-
-
-def _device(args, assumed):
-    """(the devices.Device or None, the capacity in bytes or None) from --gpu and --capacity."""
-    if args.capacity is not None:  # a number, or "none": no verdict
-        return args.gpu, None if args.capacity == "none" else args.capacity
-    device = args.gpu or devices.DEVICES["H100-80GB"]
-    if args.gpu is None:
-        assumed.append(f"device {device.name}: {format_bytes(device.usable_bytes)} for tensors, the "
-                       f"{format_bytes(device.total_bytes)} it reports less {format_bytes(device.overhead_bytes)} for "
-                       "CUDA's context and workspaces (--gpu NAME, --capacity SIZE)")
-    return device, device.usable_bytes
+    except figures.LessonsNotFound as exc:  # a wheel install: the lessons live in the repository
+        print(f"tinygrad-ckpt figures: error: {exc}", file=sys.stderr)
+        return 1
+    return result if isinstance(result, int) else 0
 
 
 if __name__ == "__main__":

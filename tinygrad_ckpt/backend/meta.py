@@ -509,15 +509,7 @@ def _getitem(a: MetaArray, index):
     the indexed axes were adjacent but not first.
     """
     items = [_classify(i) for i in (index if isinstance(index, tuple) else (index,))]
-    consumed = sum(k in ("slice", "int", "array") for k, _ in items)
-    ellipses = [i for i, (k, _) in enumerate(items) if k == "ellipsis"]
-    if len(ellipses) > 1:
-        raise IndexError("an index can only have a single ellipsis ('...')")
-    if consumed > a.ndim:
-        raise IndexError(f"too many indices for array: array is {a.ndim}-dimensional, but {consumed} were indexed")
-    fill = [("slice", slice(None))] * (a.ndim - consumed)
-    at = ellipses[0] if ellipses else len(items)
-    expanded = items[:at] + fill + items[at + 1:]
+    expanded = _expanded(a, items)
     advanced = any(k == "array" for k, _ in expanded)
 
     dim, shape, strides = 0, [], []  # the basic (slice / newaxis) axes of the result
@@ -544,9 +536,29 @@ def _getitem(a: MetaArray, index):
         if not shape and all(k == "int" for k, _ in items):
             return MetaScalar(a.dtype)
         return a._view(tuple(shape), tuple(strides))
+    return _advanced_result(a, tuple(shape), tuple(strides), adv_shapes, adv_pos, basic_before)
+
+
+def _expanded(a: MetaArray, items: list) -> list:
+    """The classified index items with the ellipsis (or the end) filled by full slices: one item per axis of
+    `a`, plus any newaxis."""
+    consumed = sum(k in ("slice", "int", "array") for k, _ in items)
+    ellipses = [i for i, (k, _) in enumerate(items) if k == "ellipsis"]
+    if len(ellipses) > 1:
+        raise IndexError("an index can only have a single ellipsis ('...')")
+    if consumed > a.ndim:
+        raise IndexError(f"too many indices for array: array is {a.ndim}-dimensional, but {consumed} were indexed")
+    fill = [("slice", slice(None))] * (a.ndim - consumed)
+    at = ellipses[0] if ellipses else len(items)
+    return items[:at] + fill + items[at + 1:]
+
+
+def _advanced_result(a: MetaArray, sub_shape: tuple, sub_strides: tuple, adv_shapes: list, adv_pos: list,
+                     basic_before: int):
+    """The new buffer of an advanced index in NumPy's layout (see _getitem): the broadcast indexed axes outermost,
+    then the basic axes, transposed back when the indexed axes were adjacent but not first."""
     bshape = _broadcast(adv_shapes)
-    sub_shape = tuple(shape)
-    inner = _order_strides(sub_shape, a.itemsize, [tuple(strides)])
+    inner = _order_strides(sub_shape, a.itemsize, [sub_strides])
     block = a.itemsize * math.prod(sub_shape)
     buf_shape = bshape + sub_shape
     buf_strides = tuple(s * block for s in _c_strides(bshape, 1)) + inner

@@ -18,7 +18,7 @@ anything (under `no_grad` nothing). Each call is an `OpCall` record, which this 
 from __future__ import annotations
 
 from .. import backend, state
-from .tape import TapeEntry, key_of
+from .tape import TapeEntry, edge_of
 from .tensor import Tensor
 
 
@@ -135,7 +135,7 @@ def _wrap(call: OpCall, out):
         outs = tuple(arrays[id(o)] for o in outs)
         ctx.saved = {k: arrays.get(id(v)) if id(v) in arrays else be.as_array(v) for k, v in ctx.saved.items()}
     if call.record:
-        edges = tuple(key_of(x) if needed else None for x, needed in zip(call.inputs, ctx.needs_input_grad))
+        edges = tuple(edge_of(x) if needed else None for x, needed in zip(call.inputs, ctx.needs_input_grad))
         call.entry = TapeEntry(call.fn, call.name, call.scope, ctx, edges, tuple(map(_meta, call.arrays)),
                                tuple(map(_meta, outs)))
     grad, cut = any(ctx.needs_input_grad), ctx.non_differentiable

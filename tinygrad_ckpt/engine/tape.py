@@ -1,9 +1,9 @@
 """The tape: one plain record per differentiable op, linked into graphs, and the backward loop.
 
 A `TapeEntry` holds the op's `Function` class, its `Context` (the arrays it saved, by name) and one
-*edge* per input: `(producer entry, output index)` for a tensor an op made, a weak reference for a
-leaf tensor (whose `.grad` it feeds), or None where no gradient flows. An entry never holds an
-input tensor or its data, only what the op saved (design invariant 1).
+*edge* per input: an `OpEdge(producer entry, output index)` for a tensor an op made, a `LeafEdge` (a weak
+reference) for a leaf tensor (whose `.grad` it feeds), or None where no gradient flows. An entry never holds
+an input tensor or its data, only what the op saved (design invariant 1).
 
 A graph belongs to its tensors: a tensor made by an op holds its entry, and an entry holds the
 entries it reads from. What no live tensor can reach is freed by Python, saves included, whether
@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import weakref
+from typing import NamedTuple
 
 from .. import backend, state
 from ..units import format_bytes
@@ -34,7 +35,7 @@ class TapeEntry:
     def __init__(self, fn, name: str, scope: str, ctx, inputs: tuple, in_meta: tuple, out_meta: tuple):
         self.seq = state.next_sequence()  # recording order, across all graphs
         self.op, self.name, self.scope, self.fn, self.ctx = fn.kind(), name, scope, fn, ctx  # scope: the module path
-        self.inputs = inputs  # per input: (entry, output index) | weakref to a leaf | None
+        self.inputs = inputs  # per input: OpEdge(entry, output index) | LeafEdge (weak) | None
         self.in_meta, self.out_meta = in_meta, out_meta  # (shape, dtype) per input / output
         self.released = False  # True once backward consumed the saves
 
@@ -75,10 +76,10 @@ class TapeEntry:
     def __repr__(self) -> str:
         names = self.input_names()
         ins = [f"{n} {_fmt_meta(m)}" if n else _fmt_meta(m) for n, m in zip(names, self.in_meta)]
-        leaves = [n for n, edge in zip(names, self.inputs) if isinstance(edge, weakref.ref)]
+        leaves = [n for n, edge in zip(names, self.inputs) if edge is not None and edge.is_leaf]
         if len(leaves) > 3:  # a checkpoint reads a block's parameters: say so once
             common = ".".join(os.path.commonprefix([n.split(".") for n in leaves])) or "leaves"
-            ins = [i for i, edge in zip(ins, self.inputs) if not isinstance(edge, weakref.ref)]
+            ins = [i for i, edge in zip(ins, self.inputs) if edge is None or not edge.is_leaf]
             ins.append(f"{len(leaves)} tensors {common}.*")
         ins = ", ".join(ins)
         outs = ", ".join(_fmt_meta(m) for m in self.out_meta)
@@ -105,16 +106,57 @@ def _fmt_meta(meta) -> str:
     return f"{list(shape)} {dtype}"
 
 
+class OpEdge(NamedTuple):
+    """An edge to a tensor an op made: its producer entry and which of the entry's outputs it is. Equal edges
+    name the same tensor, so backward keys its waiting gradients by them."""
+
+    entry: TapeEntry
+    index: int
+    is_leaf = False
+
+    @property
+    def name(self) -> str:
+        """The producer's name, with the output index for an op of several outputs."""
+        entry = self.entry
+        return entry.name if len(entry.out_meta) == 1 else f"{entry.name}[{self.index}]"
+
+    def alive(self) -> bool:
+        return True  # the edge itself keeps its entry alive
+
+    def __repr__(self) -> str:
+        return f"<edge to {self.name} [{self.entry.op}]>"
+
+
+class LeafEdge(weakref.ref):
+    """An edge to a leaf tensor, by weak reference (call it for the tensor, or None once the leaf is gone): the
+    gradient arriving here adds into the leaf's `.grad`, and the entry does not keep the leaf alive."""
+
+    __slots__ = ()
+    is_leaf = True
+
+    @property
+    def name(self) -> str:
+        leaf = self()
+        return (leaf.name or "leaf") if leaf is not None else "(dead leaf)"
+
+    def alive(self) -> bool:
+        return self() is not None
+
+    def __eq__(self, other) -> bool:  # the same leaf (weakref.ref's own == would compare the tensors' values)
+        if not isinstance(other, LeafEdge):
+            return NotImplemented
+        leaf = self()
+        return self is other or (leaf is not None and leaf is other())
+
+    __hash__ = weakref.ref.__hash__  # the leaf's (by identity)
+
+    def __repr__(self) -> str:
+        return f"<edge to leaf {self.name}>"
+
+
 def edge_name(edge) -> str:
-    """The name of the tensor an edge (or a `key_of` key) points at: its producer's name, with the output
-    index for an op of several outputs, or the leaf's name. Its gradient is named this + ".grad"."""
-    if edge is None:
-        return ""
-    if isinstance(edge, tuple):
-        entry, k = edge
-        return entry.name if len(entry.out_meta) == 1 else f"{entry.name}[{k}]"
-    leaf = edge()
-    return (leaf.name or "leaf") if leaf is not None else "(dead leaf)"
+    """The name of the tensor an edge points at ("" for None). Its gradient is named this + ".grad"."""
+    return "" if edge is None else edge.name
 
 
 def _buffer_bytes(entries) -> int:
@@ -153,10 +195,10 @@ class Tape:
         return "\n".join(lines)
 
 
-def key_of(tensor):
-    """How backward names a tensor (and what entry edges hold): (producer entry, output index), or a
-    weak reference to a leaf."""
-    return (tensor._entry, tensor._index) if tensor._entry is not None else weakref.ref(tensor)
+def edge_of(tensor) -> OpEdge | LeafEdge:
+    """The edge to a tensor, which is also how backward names it: its producer entry and output index, or a
+    weak reference to it if it is a leaf."""
+    return OpEdge(tensor._entry, tensor._index) if tensor._entry is not None else LeafEdge(tensor)
 
 
 def graph(tensors, stop=frozenset()) -> list[TapeEntry]:
@@ -166,7 +208,7 @@ def graph(tensors, stop=frozenset()) -> list[TapeEntry]:
         entry = todo.pop()
         if entry.seq not in found:
             found[entry.seq] = entry
-            todo += [edge[0] for edge in entry.inputs if isinstance(edge, tuple) and edge not in stop]
+            todo += [edge.entry for edge in entry.inputs if edge is not None and not edge.is_leaf and edge not in stop]
     return [found[seq] for seq in sorted(found)]
 
 
@@ -175,12 +217,12 @@ def backward_steps(tensors, grads, retain_graph: bool = False, capture=None):
     nothing keeps a consumed gradient or a root's data alive); a generator that yields each entry just
     before its backward runs.
 
-    Gradients reaching a leaf add into its `.grad`. With `capture` (a set of `key_of` keys: the inputs of
+    Gradients reaching a leaf add into its `.grad`. With `capture` (a set of edges: the inputs of
     a replayed segment), gradients reaching those tensors are collected instead and returned as the
     generator's value, and the graph behind them is not entered.
     """
     store = _Gradients(capture)
-    store.add_all([key_of(t) for t in tensors], grads, shared={id(g) for g in grads})  # the caller's seeds
+    store.add_all([edge_of(t) for t in tensors], grads, shared={id(g) for g in grads})  # the caller's seeds
     entries = graph(tensors, capture or frozenset())
     tensors.clear()
     grads.clear()
@@ -266,17 +308,17 @@ class _Gradients:
         self.owned: set[int] = set()  # ids of the private arrays waiting here (pending or captured)
 
     def __repr__(self) -> str:
-        waiting = ", ".join(f"{edge_name(k)}.grad" for k in list(self.pending)[:4])
+        waiting = ", ".join(f"{k.name}.grad" for k in list(self.pending)[:4])
         more = f", +{len(self.pending) - 4} more" if len(self.pending) > 4 else ""
         captured = f"; {len(self.captured)} captured for the caller" if self.capture is not None else ""
         return f"<gradients waiting for their entry: {len(self.pending)} ({waiting}{more}){captured}>"
 
     def pop_outputs(self, entry):
         if len(entry.out_meta) == 1:  # the usual case, at once
-            g = self.pending.pop((entry, 0), None)
+            g = self.pending.pop(OpEdge(entry, 0), None)
             self.owned.discard(id(g))
             return None if g is None else [g]
-        grads = [self.pending.pop((entry, k), None) for k in range(len(entry.out_meta))]
+        grads = [self.pending.pop(OpEdge(entry, k), None) for k in range(len(entry.out_meta))]
         if all(g is None for g in grads):
             return None
         if self.owned:
@@ -285,36 +327,36 @@ class _Gradients:
         return [g if g is not None or meta is None else zeros(meta[0], dtype=meta[1])
                 for g, meta in zip(grads, entry.out_meta)]
 
-    def add_all(self, keys, grads, shared) -> None:
+    def add_all(self, edges, grads, shared) -> None:
         """Route the gradients an entry's backward produced (a loop in the generator would keep the last alive).
         `shared`: ids of the arrays someone else holds (see the class)."""
         owns_data = backend.current().owns_data
-        for key, g in zip(keys, grads):
-            if key is not None and g is not None:
+        for edge, g in zip(edges, grads):
+            if edge is not None and g is not None:
                 once = len(grads) == 1 or sum(h is g for h in grads) == 1
-                self.add(key, g, once and id(g) not in shared and owns_data(g))
+                self.add(edge, g, once and id(g) not in shared and owns_data(g))
 
-    def add(self, key, g, private: bool) -> None:
-        if self.capture is not None and key in self.capture:
-            self._sum(self.captured, key, g, private)
-        elif isinstance(key, tuple):  # a tensor an op made: its gradient waits for its entry
-            self._sum(self.pending, key, g, private)
+    def add(self, edge, g, private: bool) -> None:
+        if self.capture is not None and edge in self.capture:
+            self._sum(self.captured, edge, g, private)
+        elif not edge.is_leaf:  # a tensor an op made: its gradient waits for its entry
+            self._sum(self.pending, edge, g, private)
         else:
-            leaf = key()
+            leaf = edge()
             if leaf is not None:
                 leaf._accumulate_grad(g if private else g.copy())
 
-    def _sum(self, where: dict, key, g, private: bool) -> None:
-        if key not in where:
-            where[key] = g
+    def _sum(self, where: dict, edge, g, private: bool) -> None:
+        if edge not in where:
+            where[edge] = g
             if private:
                 self.owned.add(id(g))
             return
-        total = where[key]
+        total = where[edge]
         if id(total) in self.owned:
             total += g
             return
         total = total + g
-        observe.alloc(total, "gradient", edge_name(key), "grad")
-        where[key] = total
+        observe.alloc(total, "gradient", edge.name, "grad")
+        where[edge] = total
         self.owned.add(id(total))

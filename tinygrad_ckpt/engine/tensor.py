@@ -16,13 +16,12 @@ operator defer to the tensor (`np_array + t` is a Tensor on the graph).
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from .. import backend, state
 from ..checks import kind
 from . import observe
+from .arraylike import ArrayLike
 from .tape import Tape, backward_steps, graph, run_steps
 
 
@@ -80,15 +79,8 @@ class Tensor:
     @grad.setter
     def grad(self, value) -> None:
         if value is not None:
-            be, label = backend.current(), self.name or "tensor"
-            if not be.is_array(value):
-                raise TypeError(f".grad of '{label}' must be a {be.name} array (as backward leaves it), got "
-                                f"{type(value).__name__}; for a Tensor g, assign g.data.")
-            if tuple(value.shape) != self.shape or value.dtype != (self.grad_dtype or self.dtype):
-                raise ValueError(f".grad of '{label}' must match the tensor: {list(self.shape)} "
-                                 f"{self.grad_dtype or self.dtype}, got "
-                                 f"{list(value.shape)} {value.dtype}.")
-            observe.alloc(value, "gradient", label, "grad")
+            _check_grad(self, value)
+            observe.alloc(value, "gradient", self.name or "tensor", "grad")
         if self._grad is not None:
             observe.used(self._grad)  # dropped or replaced: the code used it (a Ledger's "untouched" ends)
         self._grad = value
@@ -124,22 +116,8 @@ class Tensor:
                 )
             grad = backend.xp().ones(self.shape, dtype=self.dtype)
         else:
-            grad = self._seed(grad)
+            grad = _seed_gradient(self, grad)
         return backward_steps([self], [grad], retain_graph)
-
-    def _seed(self, grad):
-        """The gradient a caller passed to backward(), as PyTorch takes it: the same shape, cast to this dtype."""
-        be = backend.current()
-        grad = be.as_array(grad.data if isinstance(grad, Tensor) else grad)
-        if not be.is_array(grad):
-            if not isinstance(grad, (int, float, list, tuple, np.ndarray)) or isinstance(grad, bool):
-                raise TypeError(f"backward(grad): grad must be a {be.name} array or a Tensor of shape "
-                                f"{list(self.shape)}, got {type(grad).__name__}")
-            grad = be.asarray(grad)
-        if tuple(grad.shape) != self.shape:
-            raise ValueError(f"backward(grad): grad has shape {list(grad.shape)}, the tensor {list(self.shape)}; "
-                             "pass the gradient of the loss with respect to this tensor, of its shape")
-        return grad if grad.dtype == self.dtype else grad.astype(self.dtype)
 
     def _accumulate_grad(self, g) -> None:
         """self.grad += g, as PyTorch's AccumulateGrad: the first gradient becomes `.grad` (backward hands over
@@ -226,66 +204,11 @@ class Tensor:
     def zero_(self) -> Tensor:
         return self._change("zero_", lambda a, _: a.__setitem__(Ellipsis, 0))
 
-    # ---- data access ----------------------------------------------------------------------
-    @property
-    def shape(self) -> tuple:
-        return tuple(self.data.shape)
-
-    @property
-    def dtype(self):
-        return self.data.dtype
-
-    @property
-    def ndim(self) -> int:
-        return len(self.data.shape)
-
-    @property
-    def size(self) -> int:
-        return math.prod(self.data.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.size * np.dtype(self.dtype).itemsize
-
-    def numpy(self) -> np.ndarray:
-        return backend.current().to_numpy(self.data)
-
-    def item(self) -> float:
-        return self.numpy().item()
-
-    def __len__(self) -> int:
-        if not self.shape:
-            raise TypeError("len() of a 0-d tensor")
-        return self.shape[0]
-
-    def __iter__(self):
-        if not self.shape:
-            raise TypeError("iteration over a 0-d tensor")
-        return (self[i] for i in range(self.shape[0]))
-
-    def __bool__(self) -> bool:
-        if self.size != 1:
-            raise RuntimeError(f"Boolean value of a Tensor of shape {list(self.shape)} ({self.size} values) is "
-                               "ambiguous, as in PyTorch: use (x == y).numpy().all() or .any(); to find a tensor in a "
-                               "list, compare identities (any(t is x for t in ts))")
-        return bool(self.item())
-
-    def __array__(self, dtype=None, copy=None):
-        """np.asarray(t): the values (PyTorch's tensors convert too)."""
-        out = self.numpy()
-        return out.astype(dtype) if dtype is not None else out.copy() if copy else out
-
-    def __repr__(self) -> str:
-        parts = [f"shape={list(self.shape)}", f"dtype={self.dtype}"]
-        if self.name:
-            parts.insert(0, f"name={self.name!r}")
-        if self.requires_grad:
-            parts.append("requires_grad=True")
-        if self._entry is not None:
-            parts.append(f"from={self._entry.name!r}")
-        if self.size <= 8 and backend.current().has_values:
-            parts.append(f"data={np.array2string(self.numpy().ravel(), precision=4, separator=', ')}")
-        return f"Tensor({', '.join(parts)})"
+    # ---- data access: the array side, written in engine/arraylike.py and taken here by name, in place ------
+    shape, dtype, ndim, size, nbytes = (ArrayLike.shape, ArrayLike.dtype, ArrayLike.ndim, ArrayLike.size,
+                                        ArrayLike.nbytes)
+    numpy, item, __array__, __repr__ = ArrayLike.numpy, ArrayLike.item, ArrayLike.__array__, ArrayLike.__repr__
+    __len__, __iter__, __bool__ = ArrayLike.__len__, ArrayLike.__iter__, ArrayLike.__bool__
 
     # ---- operators (implemented in ops/) ----------------------------------------------------
     def __add__(self, other):
@@ -433,6 +356,33 @@ def increment_version(tensor: Tensor) -> int:
     """Tell autograd that `tensor.data` was changed in place (an optimizer does, after its update): entries
     that saved it before now refuse to run backward. Returns the new version."""
     return state.mark_changed(backend.current().buffer(tensor.data)[0], tensor.name or f"tensor {list(tensor.shape)}")
+
+
+def _seed_gradient(tensor: Tensor, grad):
+    """The gradient a caller passed to backward(), as PyTorch takes it: the tensor's shape, cast to its dtype."""
+    be = backend.current()
+    grad = be.as_array(grad.data if isinstance(grad, Tensor) else grad)
+    if not be.is_array(grad):
+        if not isinstance(grad, (int, float, list, tuple, np.ndarray)) or isinstance(grad, bool):
+            raise TypeError(f"backward(grad): grad must be a {be.name} array or a Tensor of shape "
+                            f"{list(tensor.shape)}, got {type(grad).__name__}")
+        grad = be.asarray(grad)
+    if tuple(grad.shape) != tensor.shape:
+        raise ValueError(f"backward(grad): grad has shape {list(grad.shape)}, the tensor {list(tensor.shape)}; "
+                         "pass the gradient of the loss with respect to this tensor, of its shape")
+    return grad if grad.dtype == tensor.dtype else grad.astype(tensor.dtype)
+
+
+def _check_grad(tensor: Tensor, value) -> None:
+    """Raise unless `value` may be assigned to `tensor.grad`: a backend array of its shape and gradient dtype."""
+    be, label = backend.current(), tensor.name or "tensor"
+    if not be.is_array(value):
+        raise TypeError(f".grad of '{label}' must be a {be.name} array (as backward leaves it), got "
+                        f"{type(value).__name__}; for a Tensor g, assign g.data.")
+    if tuple(value.shape) != tensor.shape or value.dtype != (tensor.grad_dtype or tensor.dtype):
+        raise ValueError(f".grad of '{label}' must match the tensor: {list(tensor.shape)} "
+                         f"{tensor.grad_dtype or tensor.dtype}, got "
+                         f"{list(value.shape)} {value.dtype}.")
 
 
 def _raw(x):

@@ -56,45 +56,17 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
     events = list(events)
     keep = np.array([ev.action != "op" for ev in events], dtype=bool)
     mem = [ev for ev in events if ev.action != "op"]
-    code = {name: i for i, name in enumerate(CATEGORIES)}
-    phase = {name: i for i, name in enumerate(PHASES)}
-    action = {name: i for i, name in enumerate(ACTIONS)}
     held = np.asarray(timeline["total"])[keep]
     untouched = np.asarray(timeline["untouched"])[keep]
     total = held - untouched  # what the run used
     peak = int(np.argmax(total)) if len(total) else -1
-    data = {
+    data = {  # the columns in this order: names enter the string table as they are met
         "label": label,
-        "events": {
-            "step": [ev.step for ev in mem],
-            "action": [action[ev.action] for ev in mem],
-            "category": [code[ev.category] for ev in mem],
-            "from": [code.get(ev.from_category, -1) for ev in mem],
-            "nbytes": [ev.nbytes for ev in mem],
-            "name": [strings(ev.name, ev.layer) for ev in mem],
-            "buffer": [ev.buffer for ev in mem],
-            "phase": [phase[ev.phase] for ev in mem],
-        },
+        "events": _event_columns(mem, strings),
         # live bytes per category after each event (the ledger's timeline), sent as differences
         "live": {c: np.diff(np.asarray(timeline[c])[keep], prepend=0).tolist() for c in CATEGORIES},
-        "ops": {
-            "name": [strings(op["name"], op["layer"]) for op in ops],
-            "op": [strings(op["op"]) for op in ops],
-            "phase": [phase[op["phase"]] for op in ops],
-            "flops": [int(op["flops"]) for op in ops],
-        },
-        "lifetimes": {
-            "name": [strings(lf.name, lf.layer) for lf in lifetimes],
-            "nbytes": [lf.nbytes for lf in lifetimes],
-            "shape": [strings(f"{list(lf.shape)} {lf.dtype}") for lf in lifetimes],
-            "buffer": [lf.buffer for lf in lifetimes],
-            "created": [lf.created for lf in lifetimes],
-            "first_used": [_or(lf.first_used, -1) for lf in lifetimes],
-            "last_used": [_or(lf.last_used, -1) for lf in lifetimes],
-            "released": [_or(lf.released, -1) for lf in lifetimes],
-            "idle": [_round(lf.idle_fraction) for lf in lifetimes],
-            "idle_flops": [_round(lf.idle_fraction_flops) for lf in lifetimes],
-        },
+        "ops": _op_columns(ops, strings),
+        "lifetimes": _lifetime_columns(lifetimes, strings),
         "backward_passes": [list(p) for p in backward_passes],
         "peak": {"event": peak, "bytes": int(total[peak]) if peak >= 0 else 0},
         "end_bytes": int(total[-1]) if len(total) else 0,
@@ -108,6 +80,50 @@ def run_data(label: str, events, ops, lifetimes, timeline: dict, backward_passes
     data["names"] = strings.table()
     data["layers"] = [strings.layers.get(i, "") for i in range(len(data["names"]))]
     return data
+
+
+_CATEGORY = {name: i for i, name in enumerate(CATEGORIES)}
+_PHASE = {name: i for i, name in enumerate(PHASES)}
+_ACTION = {name: i for i, name in enumerate(ACTIONS)}
+
+
+def _event_columns(mem, strings) -> dict:
+    """The memory events as columns (categories, phases and actions by their index; names in the string table)."""
+    return {
+        "step": [ev.step for ev in mem],
+        "action": [_ACTION[ev.action] for ev in mem],
+        "category": [_CATEGORY[ev.category] for ev in mem],
+        "from": [_CATEGORY.get(ev.from_category, -1) for ev in mem],
+        "nbytes": [ev.nbytes for ev in mem],
+        "name": [strings(ev.name, ev.layer) for ev in mem],
+        "buffer": [ev.buffer for ev in mem],
+        "phase": [_PHASE[ev.phase] for ev in mem],
+    }
+
+
+def _op_columns(ops, strings) -> dict:
+    return {
+        "name": [strings(op["name"], op["layer"]) for op in ops],
+        "op": [strings(op["op"]) for op in ops],
+        "phase": [_PHASE[op["phase"]] for op in ops],
+        "flops": [int(op["flops"]) for op in ops],
+    }
+
+
+def _lifetime_columns(lifetimes, strings) -> dict:
+    """The saved buffers' lifetimes as columns (-1 for a step that never came)."""
+    return {
+        "name": [strings(lf.name, lf.layer) for lf in lifetimes],
+        "nbytes": [lf.nbytes for lf in lifetimes],
+        "shape": [strings(f"{list(lf.shape)} {lf.dtype}") for lf in lifetimes],
+        "buffer": [lf.buffer for lf in lifetimes],
+        "created": [lf.created for lf in lifetimes],
+        "first_used": [_or(lf.first_used, -1) for lf in lifetimes],
+        "last_used": [_or(lf.last_used, -1) for lf in lifetimes],
+        "released": [_or(lf.released, -1) for lf in lifetimes],
+        "idle": [_round(lf.idle_fraction) for lf in lifetimes],
+        "idle_flops": [_round(lf.idle_fraction_flops) for lf in lifetimes],
+    }
 
 
 def _or(value, default):

@@ -163,35 +163,8 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
     div = unit_divisor(unit)
     # one extra point so the last step is drawn to the end
     xe = np.r_[xs, xs[-1] + (xs[-1] - xs[0]) * 0.002 + 1e-9]
-
-    handles = []
-    if shade_phases:
-        seen = set()
-        bands = ["backward" if p == "recompute" else p for p in d["phase"]]
-        for phase, s, e in _phase_runs(bands):
-            ax.axvspan(xe[s], xe[e], color=PHASE_COLORS.get(phase, "#EEEEEE"), lw=0, zorder=0)
-            seen.add(phase)
-        for phase, s, e in _phase_runs(d["phase"]):
-            if phase == "recompute":
-                ax.axvspan(xe[s], xe[e], ymin=0.965, ymax=1.0, color=RECOMPUTE_MARK, lw=0, zorder=1)
-                seen.add(phase)
-        handles += [Patch(color=PHASE_COLORS[p], label=f"{p} phase") for p in PHASES if p in seen and p != "recompute"]
-        if "recompute" in seen:
-            handles.append(Patch(color=RECOMPUTE_MARK, label="recompute (replays, marked along the top)"))
-
-    bottom = np.zeros(len(xs))
-    cat_handles = []
-    for c in CATEGORIES:
-        values = d[c] / div
-        if not np.any(values):
-            continue
-        top = bottom + values
-        apart = dict(facecolor=CATEGORY_COLORS[c], hatch="////", edgecolor=UNTOUCHED_HATCH) if c == "untouched" \
-            else dict(color=CATEGORY_COLORS[c])
-        ax.fill_between(xe, np.r_[bottom, bottom[-1]], np.r_[top, top[-1]], step="post", lw=0, zorder=2, **apart)
-        cat_handles.append(Patch(label=CATEGORY_LABELS[c], **apart))
-        bottom = top
-    handles = cat_handles[::-1] + handles  # legend top-down in stacking order
+    phase_handles = _shade_phases(ax, d["phase"], xe) if shade_phases else []
+    handles = _stack_categories(ax, d, xe, div)[::-1] + phase_handles  # legend top-down in stacking order
     ax.step(xe, np.r_[total, total[-1]] / div, where="post", color="black", lw=0.6, zorder=3)
 
     peak_bytes = int(total[peak_i])
@@ -199,14 +172,7 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
     ax.set_ylim(0, top)
     ax.set_xlim(xe[0], xe[-1])
     if peak:
-        px, py = xs[peak_i], peak_bytes / div
-        ax.axhline(py, color="black", lw=0.8, ls="--", zorder=3)
-        ax.plot([px], [py], marker="v", color="black", ms=7, zorder=4)
-        left = (px - xe[0]) > 0.5 * (xe[-1] - xe[0])
-        ax.annotate(f"peak {format_bytes(peak_bytes)}\n({d['phase'][peak_i]})", (px, py),
-                    xytext=(-10 if left else 10, 6), textcoords="offset points",
-                    ha="right" if left else "left", va="bottom", fontsize=9, zorder=5,
-                    bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
+        _mark_peak(ax, xs[peak_i], peak_bytes, div, xe, d["phase"][peak_i])
     ax.set_xlabel(d["xlabel"])
     ax.set_ylabel(f"live memory ({unit})")
     if title:
@@ -220,6 +186,54 @@ def plot_memory_timeline(ax, led, title: str | None = None, peak: bool = True, s
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     return {"unit": unit, "peak_bytes": peak_bytes, "peak_x": float(xs[peak_i]),
             "peak_phase": str(d["phase"][peak_i]), "handles": handles}
+
+
+def _shade_phases(ax, phases, xe) -> list:
+    """Shade each phase's run of events (a replay inside backward counts as backward) and mark each replay along
+    the top edge; the legend handles of what was shaded."""
+    seen = set()
+    bands = ["backward" if p == "recompute" else p for p in phases]
+    for phase, s, e in _phase_runs(bands):
+        ax.axvspan(xe[s], xe[e], color=PHASE_COLORS.get(phase, "#EEEEEE"), lw=0, zorder=0)
+        seen.add(phase)
+    for phase, s, e in _phase_runs(phases):
+        if phase == "recompute":
+            ax.axvspan(xe[s], xe[e], ymin=0.965, ymax=1.0, color=RECOMPUTE_MARK, lw=0, zorder=1)
+            seen.add(phase)
+    handles = [Patch(color=PHASE_COLORS[p], label=f"{p} phase") for p in PHASES if p in seen and p != "recompute"]
+    if "recompute" in seen:
+        handles.append(Patch(color=RECOMPUTE_MARK, label="recompute (replays, marked along the top)"))
+    return handles
+
+
+def _stack_categories(ax, d: dict, xe, div: float) -> list:
+    """Fill each category's live bytes on top of the ones before (untouched hatched, apart); their handles, bottom
+    first."""
+    bottom = np.zeros(len(d["x"]))
+    handles = []
+    for c in CATEGORIES:
+        values = d[c] / div
+        if not np.any(values):
+            continue
+        top = bottom + values
+        apart = dict(facecolor=CATEGORY_COLORS[c], hatch="////", edgecolor=UNTOUCHED_HATCH) if c == "untouched" \
+            else dict(color=CATEGORY_COLORS[c])
+        ax.fill_between(xe, np.r_[bottom, bottom[-1]], np.r_[top, top[-1]], step="post", lw=0, zorder=2, **apart)
+        handles.append(Patch(label=CATEGORY_LABELS[c], **apart))
+        bottom = top
+    return handles
+
+
+def _mark_peak(ax, px, peak_bytes: int, div: float, xe, phase) -> None:
+    """A dashed line at the peak, a marker on it, and its size and phase written on the side with room."""
+    py = peak_bytes / div
+    ax.axhline(py, color="black", lw=0.8, ls="--", zorder=3)
+    ax.plot([px], [py], marker="v", color="black", ms=7, zorder=4)
+    left = (px - xe[0]) > 0.5 * (xe[-1] - xe[0])
+    ax.annotate(f"peak {format_bytes(peak_bytes)}\n({phase})", (px, py),
+                xytext=(-10 if left else 10, 6), textcoords="offset points",
+                ha="right" if left else "left", va="bottom", fontsize=9, zorder=5,
+                bbox=dict(boxstyle="round,pad=0.2", fc="white", ec="none", alpha=0.85))
 
 
 def plot_timelines_side_by_side(leds, titles, path=None, x: str = "event", suptitle: str | None = None,
@@ -299,23 +313,9 @@ def plot_lifetimes(ax, led, by: str = "layer", title: str | None = None, max_row
     bw_start = passes[0][0] - 1 if passes else led.step
     end = led.step
     for i, r in enumerate(rows):
-        y = len(rows) - 1 - i
-        created = r["created"]
-        first = r["first_used"]
-        freed = r["released"] if r["released"] is not None else None
-        stop = freed if freed is not None else end
-        idle_from = max(created, bw_start)
-        segments = [("waiting", created, min(idle_from, first if first is not None else stop))]
-        if first is not None:
-            used_until = (freed if freed is not None else r["last_used"]) + 1
-            segments += [("idle", idle_from, first), ("used", first, used_until)]
-            if freed is None:
-                segments.append(("held", r["last_used"] + 1, end))
-        else:
-            segments.append(("held", idle_from, end))
-        for kind, a, b in segments:
+        for kind, a, b in _lifetime_segments(r, bw_start, end):
             if b > a:
-                ax.barh(y, b - a, left=a, height=0.72, color=LIFETIME_COLORS[kind], lw=0)
+                ax.barh(len(rows) - 1 - i, b - a, left=a, height=0.72, color=LIFETIME_COLORS[kind], lw=0)
     ax.axvline(bw_start, color="black", lw=0.8, ls="--")
     ax.text(bw_start, len(rows) - 0.3, " backward starts", fontsize=8, va="bottom", ha="left")
     ax.set_yticks(range(len(rows)))
@@ -339,6 +339,25 @@ def plot_lifetimes(ax, led, by: str = "layer", title: str | None = None, max_row
     return rows
 
 
+def _lifetime_segments(r: dict, bw_start: int, end: int) -> list[tuple[str, int, int]]:
+    """(kind, from step, to step) of one lifetime row: waiting through the forward, idle in the backward until
+    first read, used until freed, held if never freed."""
+    created = r["created"]
+    first = r["first_used"]
+    freed = r["released"] if r["released"] is not None else None
+    stop = freed if freed is not None else end
+    idle_from = max(created, bw_start)
+    segments = [("waiting", created, min(idle_from, first if first is not None else stop))]
+    if first is not None:
+        used_until = (freed if freed is not None else r["last_used"]) + 1
+        segments += [("idle", idle_from, first), ("used", first, used_until)]
+        if freed is None:
+            segments.append(("held", r["last_used"] + 1, end))
+    else:
+        segments.append(("held", idle_from, end))
+    return segments
+
+
 # ---------------------------------------------------------------- saved-tensor breakdown
 
 def saved_by_layer_and_op(led) -> dict[str, dict[str, int]]:
@@ -348,6 +367,17 @@ def saved_by_layer_and_op(led) -> dict[str, dict[str, int]]:
         per_op = out.setdefault(life.layer, {})
         per_op[life.op] = per_op.get(life.op, 0) + life.nbytes
     return out
+
+
+def _stacking_order(breakdown: dict, order=None) -> list[str]:
+    """The parts of a breakdown, bottom-up: `order`'s first (then the rest as met), else the largest first."""
+    parts: list[str] = []
+    for per_part in breakdown.values():
+        parts += [k for k in per_part if k not in parts]
+    if order is not None:
+        return [k for k in order if k in parts] + [k for k in parts if k not in order]
+    parts.sort(key=lambda k: -sum(b.get(k, 0) for b in breakdown.values()))
+    return parts
 
 
 def plot_saved_breakdown(ax, breakdown, title: str | None = None, unit: str | None = None,
@@ -364,13 +394,7 @@ def plot_saved_breakdown(ax, breakdown, title: str | None = None, unit: str | No
     if not isinstance(breakdown, dict):
         breakdown = saved_by_layer_and_op(breakdown)
     bars = list(breakdown)
-    parts: list[str] = []
-    for per_part in breakdown.values():
-        parts += [k for k in per_part if k not in parts]
-    if order is not None:
-        parts = [k for k in order if k in parts] + [k for k in parts if k not in order]
-    else:
-        parts.sort(key=lambda k: -sum(b.get(k, 0) for b in breakdown.values()))
+    parts = _stacking_order(breakdown, order)
     sums = np.array([sum(breakdown[b].values()) for b in bars], dtype=float)
     if normalize:
         unit, scale = "%", np.where(sums > 0, 100.0 / np.maximum(sums, 1), 0.0)
@@ -388,7 +412,7 @@ def plot_saved_breakdown(ax, breakdown, title: str | None = None, unit: str | No
         ax.bar(xs, vals, bottom=bottom, color=color, width=0.7, lw=0)
         handles.append(Patch(color=color, label=k))
         bottom += vals
-    if totals:
+    if totals:  # each bar's total in bytes, on top of it
         for xi, top, total in zip(xs, bottom, sums):
             ax.text(xi, top, format_bytes(total), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(xs)

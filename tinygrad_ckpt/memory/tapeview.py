@@ -14,7 +14,6 @@ groups it with the ops its block ran and did not keep (replayed in backward).
 from __future__ import annotations
 
 import shutil
-import weakref
 from dataclasses import dataclass
 
 from .. import backend
@@ -54,7 +53,7 @@ def _leaves(entries, inputs=()) -> dict:
     """id(buffer) -> (kind, name) for leaf tensors the entries read, and for `inputs`."""
     be, found = backend.current(), {}
     tensors = [t for t in inputs if isinstance(t, Tensor)]
-    tensors += [edge() for e in entries for edge in e.inputs if isinstance(edge, weakref.ref)]
+    tensors += [edge() for e in entries for edge in e.inputs if edge is not None and edge.is_leaf]
     for t in tensors:
         if t is not None and be.is_array(t.data):
             found[id(be.buffer(t.data)[0])] = ("parameter" if t.is_parameter else "input", t.name or "")
@@ -141,8 +140,8 @@ def _graph(tensor):
     for e in tape:
         ins = []
         for edge, meta in zip(e.inputs, e.in_meta):
-            if isinstance(edge, tuple):
-                ins.append(("entry", index[edge[0].seq]))
+            if edge is not None and not edge.is_leaf:
+                ins.append(("entry", index[edge.entry.seq]))
             elif edge is not None:
                 leaf = edge()
                 ins.append(("leaf", f"{leaf.name if leaf is not None and leaf.name else 'leaf'} {list(meta[0])}"))
@@ -244,25 +243,41 @@ def _remove_source(stem: str) -> None:
             os.remove(candidate)
 
 
+def _box_lines(i: int, entry, rows, max_interior) -> tuple[list[str], list[str]]:
+    """(lines, colors) of one entry's box: its title, what it saves (each colored by kind) and, for a checkpoint,
+    what its replay runs."""
+    lines, colors = [_title(i, entry)], ["black"]
+    for r in rows:
+        lines.append("  " + _save_line(r))
+        colors.append(KIND_COLORS[r.kind])
+    if not rows:
+        lines.append("  saves nothing")
+        colors.append("gray")
+    if entry.op == "checkpoint":
+        interior = _shown(_interior(entry), max_interior)
+        lines += [f"  replayed in backward: {line}" if k == 0 else f"    {line}" for k, line in enumerate(interior)]
+        colors += ["gray"] * len(interior)
+    return lines, colors
+
+
+def _draw_arcs(ax, edges, centers) -> None:
+    """An arc right of the boxes from each producing entry to the entry that reads its output."""
+    for i, ins in enumerate(edges):
+        for kind, source in ins:
+            if kind == "entry":
+                bulge = 0.2 + 0.12 * min(i - source, 8)  # how far right of the boxes the arc reaches
+                rad = bulge / (centers[i] - centers[source])
+                ax.annotate("", xy=(9.8, centers[i]), xytext=(9.8, centers[source]),
+                            arrowprops=dict(arrowstyle="->", color="gray", lw=0.8,
+                                            connectionstyle=f"arc3,rad={-rad:.3f}"))
+
+
 def _draw_matplotlib(entries, rows, edges, path, max_interior):
     from matplotlib.patches import FancyBboxPatch, Patch
 
     from . import plots
 
-    blocks = []  # per entry: (lines, colors)
-    for i, entry in enumerate(entries):
-        lines, colors = [_title(i, entry)], ["black"]
-        for r in rows[i]:
-            lines.append("  " + _save_line(r))
-            colors.append(KIND_COLORS[r.kind])
-        if not rows[i]:
-            lines.append("  saves nothing")
-            colors.append("gray")
-        if entry.op == "checkpoint":
-            interior = _shown(_interior(entry), max_interior)
-            lines += [f"  replayed in backward: {line}" if k == 0 else f"    {line}" for k, line in enumerate(interior)]
-            colors += ["gray"] * len(interior)
-        blocks.append((lines, colors))
+    blocks = [_box_lines(i, entry, rows[i], max_interior) for i, entry in enumerate(entries)]
     line_h, gap = 0.22, 0.25  # inches
     heights = [len(lines) * line_h + 0.15 for lines, _ in blocks]
     total = sum(heights) + gap * (len(blocks) + 1)
@@ -285,14 +300,7 @@ def _draw_matplotlib(entries, rows, edges, path, max_interior):
                     color="#555555")
         centers.append(y + 0.12 + 0.5 * line_h)
         y += h + gap
-    for i, ins in enumerate(edges):
-        for kind, source in ins:
-            if kind == "entry":
-                bulge = 0.2 + 0.12 * min(i - source, 8)  # how far right of the boxes the arc reaches
-                rad = bulge / (centers[i] - centers[source])
-                ax.annotate("", xy=(9.8, centers[i]), xytext=(9.8, centers[source]),
-                            arrowprops=dict(arrowstyle="->", color="gray", lw=0.8,
-                                            connectionstyle=f"arc3,rad={-rad:.3f}"))
+    _draw_arcs(ax, edges, centers)
     handles = [Patch(color=c, label=k) for k, c in KIND_COLORS.items()]
     ax.legend(handles=handles, loc="upper left", fontsize=8, title="saved array is", title_fontsize=8)
     if path is not None:

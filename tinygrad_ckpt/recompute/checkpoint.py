@@ -25,7 +25,7 @@ from .. import backend, state
 from ..engine import observe
 from ..engine.function import Function
 from ..engine.observe import SegmentObserver
-from ..engine.tape import backward_steps, changed_error, edge_name, graph, key_of, run_steps
+from ..engine.tape import backward_steps, changed_error, edge_of, graph, run_steps
 from ..engine.tensor import Tensor
 from .early_stop import Flows
 from .policies import KeepByPolicy, as_policy
@@ -68,9 +68,9 @@ class Replay:
 
     fn: object
     structure: object
-    arguments: tuple  # per tensor argument: (its key_of or None, requires grad, name)
+    arguments: tuple  # per tensor argument: (its edge or None, requires grad, name)
     outside: tuple  # per outside tensor read: (weak reference, id of its buffer then)
-    inputs: tuple  # key_of of the entry's inputs past the arguments: outside tensors that require grad
+    inputs: tuple  # the edges of the entry's inputs past the arguments: outside tensors that require grad
     segment: SegmentForward
     rng: bool
     prefix: str
@@ -145,17 +145,17 @@ class Checkpoint(Function):
             raise CheckpointError(f"the replay of a checkpointed segment returned {len(outputs)} tensors, "
                                   f"its forward {len(grad_outs)}")
         n = len(leaves)
-        positions = {key_of(t): i for i, t in enumerate(leaves) if t.requires_grad}  # where a captured gradient goes
+        positions = {edge_of(t): i for i, t in enumerate(leaves) if t.requires_grad}  # where a captured gradient goes
         positions.update({k: i for i, (k, _, _) in enumerate(replay.arguments) if _alive(k)})
         # outside tensors made by ops are boundaries: their gradients are captured and returned; parameters (leaves)
         # take theirs in .grad during the replay, op by op as in the plain run (the same sums, bit for bit)
-        positions.update({k: n + j for j, k in enumerate(replay.inputs) if isinstance(k, tuple)})
+        positions.update({k: n + j for j, k in enumerate(replay.inputs) if not k.is_leaf})
         grads = [None] * (n + len(replay.inputs))
         roots, seeds, o, g = [], [], None, None
         for o, g in zip(outputs, grad_outs):
             if g is None or not o.requires_grad:
                 continue
-            through = positions.get(key_of(o))
+            through = positions.get(edge_of(o))
             if through is not None:  # an argument or outside tensor returned as it is: its gradient passes through
                 grads[through] = g if grads[through] is None else grads[through] + g
             else:
@@ -178,9 +178,9 @@ class Checkpoint(Function):
         return tuple(grads)
 
 
-def _alive(key) -> bool:
-    """A key_of key still names a tensor (a weak reference to a leaf dies with the leaf)."""
-    return key is not None and (isinstance(key, tuple) or key() is not None)
+def _alive(edge) -> bool:
+    """An edge still names a tensor (a weak reference to a leaf dies with the leaf)."""
+    return edge is not None and edge.alive()
 
 
 def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = True, policy=None,
@@ -198,16 +198,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     "metadata" (shapes and dtypes) or "none". use_reentrant: only False (or None) exists here: PyTorch's
     non-reentrant semantics. Under tg.no_grad() this is a plain call.
     """
-    if not callable(fn):
-        hint = " (pass the function and its arguments: tg.checkpoint(block, h), not tg.checkpoint(block(h)))" \
-            if isinstance(fn, Tensor) else ""
-        raise TypeError(f"checkpoint: fn must be a callable, got {type(fn).__name__}{hint}")
-    if determinism_check not in ("values", "metadata", "none"):
-        raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got "
-                         f"{determinism_check!r}")
-    if use_reentrant:
-        raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
-                         "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
+    # Longer than the house's ~50 lines on purpose: this is the segment operator a learner steps through in pdb,
+    # top to bottom (the forward under the observers, what the entry records, Checkpoint.apply), each step using
+    # what the one before made; split, it would read as jumps between helpers passing a dozen values along. (Said
+    # here, not in the docstring, which docs/api.md prints.)
+    _check_arguments(fn, determinism_check, use_reentrant)
     policy = as_policy(policy)
     st = state.local
     if not st.grad_enabled:
@@ -235,11 +230,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     explicit = {id(t) for t in tensors}
     inputs = [t for t in segment.outside.values() if t.requires_grad and id(t) not in explicit]
     be = backend.current()
-    replay = Replay(fn, structure, tuple((key_of(t) if t.requires_grad else None, t.requires_grad,
-                                          edge_name(key_of(t))) for t in tensors),
+    replay = Replay(fn, structure, tuple((edge_of(t) if t.requires_grad else None, t.requires_grad,
+                                          edge_of(t).name) for t in tensors),
                     tuple((weakref.ref(t), id(be.buffer(t.data)[0])) for t in segment.outside.values()
                           if id(t) not in explicit),
-                    tuple(key_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
+                    tuple(edge_of(t) for t in inputs), segment, preserve_rng_state, st.prefix, features, held,
                     {"autocast": st.autocast, "saves": st.saves, "op_variants": st.op_variants})
     segment.outside = {}  # the entry's edges reach them now; the segment must not hold their data
     kept = keep.arrays_to_keep() if keep is not None else {}
@@ -249,6 +244,20 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
         keep.let_go()
     results = iter(results if isinstance(results, tuple) else (results,))
     return tree_map(lambda t: next(results), out)
+
+
+def _check_arguments(fn, determinism_check: str, use_reentrant) -> None:
+    """Raise, naming the argument, for what checkpoint() cannot run."""
+    if not callable(fn):
+        hint = " (pass the function and its arguments: tg.checkpoint(block, h), not tg.checkpoint(block(h)))" \
+            if isinstance(fn, Tensor) else ""
+        raise TypeError(f"checkpoint: fn must be a callable, got {type(fn).__name__}{hint}")
+    if determinism_check not in ("values", "metadata", "none"):
+        raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got "
+                         f"{determinism_check!r}")
+    if use_reentrant:
+        raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
+                         "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
 
 
 __all__ = ["checkpoint", "CheckpointError", "Checkpoint"]

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cache
 from itertools import accumulate
+from typing import NamedTuple
 
 # Automatic granularity aims for at most this many memory units in the budget (the DP's memory axis).
 TARGET_BUDGET_UNITS = 128
@@ -255,54 +256,61 @@ def simulate(costs: list[LayerCost], plan: Plan) -> SimResult:
     costs = list(costs)
     if (plan.start, plan.stop) != (0, len(costs)):
         raise ValueError(f"plan covers [{plan.start}:{plan.stop}), the chain has {len(costs)} layers")
-    held: dict[tuple[str, int], int] = {}
-    timeline: list[tuple[str, int]] = [("start", 0)]
-    replays = [0] * len(costs)
-    recompute = 0
+    run = _Simulation(costs)
+    run.backward(plan, run.forward(plan, replaying=False))
+    peak = max(nbytes for _, nbytes in run.timeline)
+    return SimResult(peak, run.recompute, run.timeline, tuple(run.replays))
 
-    def hold(item: tuple[str, int], nbytes: int, event: str) -> None:
-        assert item not in held, f"{item} held twice"
-        held[item] = nbytes
-        timeline.append((event, timeline[-1][1] + nbytes))
 
-    def release(item: tuple[str, int], event: str) -> None:
-        timeline.append((event, timeline[-1][1] - held.pop(item)))
+class _Simulation:
+    """What one simulated step holds (by item: ("input", p) or ("saved", k)), its timeline of held bytes, the
+    FLOPs it recomputes and how often each layer is replayed."""
 
-    def forward(plan: Plan, replaying: bool) -> list[bool]:
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.held: dict[tuple[str, int], int] = {}
+        self.timeline: list[tuple[str, int]] = [("start", 0)]
+        self.replays = [0] * len(costs)
+        self.recompute = 0
+
+    def hold(self, item: tuple[str, int], nbytes: int, event: str) -> None:
+        assert item not in self.held, f"{item} held twice"
+        self.held[item] = nbytes
+        self.timeline.append((event, self.timeline[-1][1] + nbytes))
+
+    def release(self, item: tuple[str, int], event: str) -> None:
+        self.timeline.append((event, self.timeline[-1][1] - self.held.pop(item)))
+
+    def forward(self, plan: Plan, replaying: bool) -> list[bool]:
         """Run the forward of each segment; return which checkpoints added their input x_p."""
-        nonlocal recompute
-        added = []
+        costs, added = self.costs, []
         for seg in plan.segments:
             if replaying:
                 for k in range(seg.start, seg.stop):
-                    recompute += costs[k].forward_flops
-                    replays[k] += 1
+                    self.recompute += costs[k].forward_flops
+                    self.replays[k] += 1
                 if seg is plan.segments[-1] and not seg.checkpoint:  # the replay stops before the tail
-                    recompute -= costs[seg.stop - 1].tail_flops
-            fresh = seg.checkpoint and ("input", seg.start) not in held
+                    self.recompute -= costs[seg.stop - 1].tail_flops
+            fresh = seg.checkpoint and ("input", seg.start) not in self.held
             if fresh:
-                hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
+                self.hold(("input", seg.start), costs[seg.start].input_bytes, f"keep x{seg.start}")
             if not seg.checkpoint:
                 for k in range(seg.start, seg.stop):
-                    hold(("saved", k), costs[k].saved_bytes, f"forward {k}")
+                    self.hold(("saved", k), costs[k].saved_bytes, f"forward {k}")
             added.append(fresh)
         return added
 
-    def backward(plan: Plan, added: list[bool]) -> None:
+    def backward(self, plan: Plan, added: list[bool]) -> None:
         for seg, fresh in reversed(list(zip(plan.segments, added))):
             if seg.checkpoint:
                 inner = seg.inner or Plan([Segment(seg.start, seg.stop)])
-                timeline.append((f"replay [{seg.start}:{seg.stop})", timeline[-1][1]))
-                backward(inner, forward(inner, replaying=True))
+                self.timeline.append((f"replay [{seg.start}:{seg.stop})", self.timeline[-1][1]))
+                self.backward(inner, self.forward(inner, replaying=True))
                 if fresh:
-                    release(("input", seg.start), f"drop x{seg.start}")
+                    self.release(("input", seg.start), f"drop x{seg.start}")
             else:
                 for k in reversed(range(seg.start, seg.stop)):
-                    release(("saved", k), f"backward {k}")
-
-    backward(plan, forward(plan, replaying=False))
-    peak = max(nbytes for _, nbytes in timeline)
-    return SimResult(peak, recompute, timeline, tuple(replays))
+                    self.release(("saved", k), f"backward {k}")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -414,6 +422,8 @@ def plan_chain(
 
 
 def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | None, max_depth: int | None):
+    """The plan of least recompute over the chain whose peak fits `budget_bytes`: sizes rounded up to `unit`
+    bytes, the dynamic programme `_least_recompute` searched, its choices followed by `_segments`."""
     n = len(costs)
     if n == 0:
         raise ValueError("the chain has no layers")
@@ -429,13 +439,40 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
     if sum(c.saved_bytes for c in costs) <= budget_bytes and not free_before[n]:
         return _with_predictions(costs, no_checkpoint_plan(n))  # zero recompute, whatever the rounding
     unit = granularity or _auto_granularity(costs, budget_bytes, max_depth)
+    units = _in_units(costs, unit)
+    best = _least_recompute(costs, units, free_before)
+    capacity = budget_bytes // unit
+    if best(0, n, capacity, False, max_depth, False) is None:  # [0, n) is its own canonical range
+        raise ValueError(
+            f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
+            f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
+        )
+    return _with_predictions(costs, Plan(_segments(best, units, 0, n, capacity, False, max_depth, False)))
+
+
+class _Units(NamedTuple):
+    """A chain's sizes in units of the granularity (rounded up) and its canonical sub-ranges: first[i][j] is the
+    (i', j') that stands for [i, j) (equal sub-chains share one entry of the search's cache)."""
+
+    saved: list[int]
+    inputs: list[int]
+    first: list
+
+
+def _in_units(costs: list[LayerCost], unit: int) -> _Units:
     saved = [-(-c.saved_bytes // unit) for c in costs]
     inputs = [-(-c.input_bytes // unit) for c in costs]
+    return _Units(saved, inputs, _canonical_ranges([(a, b, c.forward_flops, c.tail_flops)
+                                                   for a, b, c in zip(saved, inputs, costs)]))
+
+
+def _least_recompute(costs: list[LayerCost], units: _Units, free_before: list[int]):
+    """The dynamic programme over the chain: best(i, j, m, held, depth_left, ends_replay), cached."""
+    saved, inputs, first = units
     flops_before = [0, *accumulate(c.forward_flops for c in costs)]
     saved_before = [0, *accumulate(saved)]
     least_units = _min_peak_function(saved, inputs)
     tails = [c.tail_flops for c in costs]
-    first = _canonical_ranges([(a, b, c.forward_flops, c.tail_flops) for a, b, c in zip(saved, inputs, costs)])
 
     @cache
     def best(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool):
@@ -467,33 +504,30 @@ def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | No
                     choice = option
         return choice
 
-    def build(i: int, j: int, m: int, held: bool, depth_left: int | None, ends_replay: bool) -> list[Segment]:
-        """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
-        segments: list[Segment] = []
-        while i < j:
-            split = best(*first[i][j], m, held, depth_left, ends_replay)[2]
-            if split is None:
-                if segments and not segments[-1].checkpoint:
-                    segments[-1] = Segment(segments[-1].start, i + 1)
-                else:
-                    segments.append(Segment(i, i + 1))
-                m, i = m - saved[i], i + 1
-            else:
-                k = i + split
-                m -= 0 if held else inputs[i]
-                inner = build(i, k, m, True, None if depth_left is None else depth_left - 1, True)
-                segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
-                i = k
-            held = False
-        return segments
+    return best
 
-    capacity = budget_bytes // unit
-    if best(0, n, capacity, False, max_depth, False) is None:  # [0, n) is its own canonical range
-        raise ValueError(
-            f"no plan fits a budget of {budget_bytes} bytes once sizes are rounded up to multiples of "
-            f"granularity={unit} bytes (the exact minimum peak is {least} bytes): use a finer granularity"
-        )
-    return _with_predictions(costs, Plan(build(0, n, capacity, False, max_depth, False)))
+
+def _segments(best, units: _Units, i: int, j: int, m: int, held: bool, depth_left: int | None,
+              ends_replay: bool) -> list[Segment]:
+    """Follow the DP's choices along [i, j); adjacent plain layers merge into one segment."""
+    saved, inputs, first = units
+    segments: list[Segment] = []
+    while i < j:
+        split = best(*first[i][j], m, held, depth_left, ends_replay)[2]
+        if split is None:
+            if segments and not segments[-1].checkpoint:
+                segments[-1] = Segment(segments[-1].start, i + 1)
+            else:
+                segments.append(Segment(i, i + 1))
+            m, i = m - saved[i], i + 1
+        else:
+            k = i + split
+            m -= 0 if held else inputs[i]
+            inner = _segments(best, units, i, k, m, True, None if depth_left is None else depth_left - 1, True)
+            segments.append(Segment(i, k, True, None if inner == [Segment(i, k)] else Plan(inner)))
+            i = k
+        held = False
+    return segments
 
 
 def _with_predictions(costs: list[LayerCost], plan: Plan) -> Plan:

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .. import backend
-from ..debug import closest_names, matches
 from ..engine import observe
+from ..engine.names import closest_names, matches
 from ..engine.observe import Observer, SegmentObserver
 
 

@@ -138,7 +138,34 @@ def _set_up(model, precision: Precision | None, optimizer: str, state_dtype):
             "sgd": lambda: optim.SGD(params, lr=0.1, master_weights=master), "none": lambda: None}[optimizer]()
 
 
-class SteadyStep:
+class MeasuredStep:
+    """A model and its optimizer, one training step already taken, that runs one more step under a Ledger: the
+    step a long run repeats (a "measured steady step"). A subclass says how a step runs (`_step`: forward, backward,
+    the optimizer's step) and holds `model`, `opt` and `backend_name`.
+
+    The idea is written five times in the house, and only these two (SteadyStep, ParallelStep) share this base:
+    torch_bridge's TorchStep is the record of a PyTorch forward + backward (what its meter saw, no optimizer, no
+    Ledger) and saves.timed_step the function that takes it; lessons/_common.engine_step is the lessons' plain
+    ledger of one forward + backward of a model with data, no optimizer and no first step. What they share is only
+    "run once, under a meter"; their meters (a Ledger, torch's saved-tensor hooks) and what a step is differ."""
+
+    def measure(self, checkpoint=None) -> tuple[Ledger, float]:
+        """(ledger, seconds) of one step with `checkpoint`: None or "none", "every_layer", "sqrt", a number of
+        segments, "selective" (Korthikanti's policy in every block), a Policy or a planner Plan; its zero_grad
+        included (the optimizer's phase frees the gradients)."""
+        self.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
+            if isinstance(checkpoint, str) else checkpoint
+        with using_backend(self.backend_name):
+            gc.collect()  # garbage of earlier work is no part of this step (the ledger would count it, untouched)
+            t0 = time.perf_counter()
+            with Ledger() as led:
+                self._step()
+                if self.opt is not None:
+                    self.opt.zero_grad()
+            return led, time.perf_counter() - t0
+
+
+class SteadyStep(MeasuredStep):
     """The model of `shape` (a GPTShape or a LlamaShape) and its optimizer ("adamw", "sgd" or "none"), one training
     step already taken; `precision` (a PRECISIONS name; None: the shape's dtype with `state_dtype` states),
     `attention` ("explicit" or "flash") and `saves` (what framework's saves: save_profiles.saves_like; None: the
@@ -170,13 +197,9 @@ class SteadyStep:
         if self.opt is not None:
             self.opt.step()
 
-    def measure(self, checkpoint=None) -> tuple[Ledger, float]:
-        """(ledger, seconds) of one step with `checkpoint`: None or "none", "every_layer", "sqrt", a number of
-        segments, "selective" (Korthikanti's policy in every block), a Policy or a planner Plan."""
-        return _measured(self, checkpoint)
 
 
-class ParallelStep:
+class ParallelStep(MeasuredStep):
     """One device of a parallel run (parallel.DeviceShard: device 0, the first pipeline stage), one training step
     already taken. `measure(checkpoint)` runs one more step under a Ledger: the 1F1B schedule over the
     microbatches when pipelined, then the optimizer step. ZeRO is applied to the measurement afterwards
@@ -247,10 +270,6 @@ class ParallelStep:
         if self.opt is not None:
             self.opt.step()
 
-    def measure(self, checkpoint=None) -> tuple[Ledger, float]:
-        """(ledger, seconds) of one step; checkpoint as SteadyStep.measure."""
-        return _measured(self, checkpoint)
-
     def zero_events(self, led: Ledger) -> list:
         """The ledger's events as this device holds them under ZeRO stage z over d replicas: optimizer states ÷ d
         (z ≥ 1), the parameters' gradients ÷ d (z ≥ 2), parameters ÷ d (z = 3); everything else as measured.
@@ -320,21 +339,6 @@ def in_flight(par, chunk: int = 0) -> int:
     order = pipeline_schedule(par)
     first = next(i for i, (kind, _) in enumerate(order) if kind == "B")
     return sum(1 for kind, c in order[:first] if c == chunk)
-
-
-def _measured(stepper, checkpoint) -> tuple[Ledger, float]:
-    """(ledger, seconds) of one of `stepper`'s steps under `checkpoint` (see SteadyStep.measure), its
-    zero_grad included (the optimizer's phase frees the gradients)."""
-    stepper.model.checkpoint = {"none": None, "selective": korthikanti_selective}.get(checkpoint, checkpoint) \
-        if isinstance(checkpoint, str) else checkpoint
-    with using_backend(stepper.backend_name):
-        gc.collect()  # garbage of earlier work is no part of this step (the ledger would count it, untouched)
-        t0 = time.perf_counter()
-        with Ledger() as led:
-            stepper._step()
-            if stepper.opt is not None:
-                stepper.opt.zero_grad()
-        return led, time.perf_counter() - t0
 
 
 class Estimate(NamedTuple):

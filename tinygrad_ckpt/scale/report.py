@@ -82,14 +82,6 @@ def gradient_peaks(led, parameter_names) -> tuple[int, int]:
     return peak[0], peak[1]
 
 
-def measure(shape, optimizer: str = "adamw", checkpoint="none", precision: str | None = None,
-            attention: str = "explicit", saves: str = "engine") -> Measurement:
-    """One steady-state training step of shape's model (a GPTShape or a LlamaShape) on the meta backend, under a
-    Ledger (measure.SteadyStep), as `precision`, `attention` and `saves` describe the run."""
-    return measured(SteadyStep(shape, optimizer, precision=precision, attention=attention, saves=saves),
-                    optimizer, checkpoint)
-
-
 def measured(step: SteadyStep, optimizer: str, checkpoint, ledger=None, seconds: float = 0.0) -> Measurement:
     """The Measurement of a SteadyStep under `checkpoint` (measured now, or the ledger given)."""
     if ledger is None:
@@ -204,18 +196,21 @@ def _state_formulas(m: Measurement) -> dict:
 def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, assumed=(), plan=None) -> str:
     """The measured breakdown beside the formulas, as printed by `tinygrad-ckpt estimate`: `fit` adds the
     allocator's reserved peak and the device, `assumed` lists what the user did not say, `plan` a PlanSearch."""
-    s, led, P = m.shape, m.ledger, m.n_params
-    B, T, d, H, L, v = s.batch, s.seq_len, s.d_model, s.n_head, s.n_layer, s.value_bytes
-    gpt = isinstance(s, est.GPTShape)
-    act_formula, act_source = _activation_formula(m)
-    formulas = _state_formulas(m)
-    param_grads, flight_grads = m.gradient_peaks()
-    p = m.precision
-    opt_note = {
-        "adamw": "m and v in float32" + (" + the float32 master copy" if p is not None and p.master else ""),
-        "sgd": "plain SGD keeps no state" + (" (a float32 master copy)" if p is not None and p.master else ""),
-        "none": "no optimizer step",
-    }[m.optimizer]
+    led = m.ledger
+    lines = _run_lines(m, assumed) + _memory_lines(m, fit) + _per_block_lines(m) + _flops_lines(m)
+    drift = _drifted_dtypes(m)
+    if drift:
+        lines += ["", f"note: some saved activations are {', '.join(drift)} although the model is {m.shape.dtype}"]
+    if plan is not None:
+        lines += ["", *plan_lines(plan)]
+    if capacity is not None:
+        lines += ["", *capacity_lines(led.peak_bytes(), capacity, fit)]
+    return "\n".join(lines)
+
+
+def _run_lines(m: Measurement, assumed) -> list[str]:
+    """What ran: the run, the step measured, the parameter count, the precision and what was assumed."""
+    s, led, P, p = m.shape, m.ledger, m.n_params, m.precision
     count = f"{P:,} ({P / 1e9:.2f} B; formula {est.parameter_count(s):,})"
     if m.active_params and m.active_params != P:
         count += f"; active a token: {m.active_params:,} ({m.active_params / 1e9:.2f} B)"
@@ -229,7 +224,21 @@ def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, a
         lines.append(f"precision {p.name}: {p.about}")
     if assumed:
         lines += ["", "assumed (not given; each has a flag):", *[f"  - {a}" for a in assumed]]
-    lines += [
+    return lines
+
+
+def _memory_lines(m: Measurement, fit: DeviceFit | None) -> list[str]:
+    """The peak of each memory category, measured beside its formula (and the allocator's reserved peak)."""
+    led, p = m.ledger, m.precision
+    act_formula, act_source = _activation_formula(m)
+    formulas = _state_formulas(m)
+    param_grads, flight_grads = m.gradient_peaks()
+    opt_note = {
+        "adamw": "m and v in float32" + (" + the float32 master copy" if p is not None and p.master else ""),
+        "sgd": "plain SGD keeps no state" + (" (a float32 master copy)" if p is not None and p.master else ""),
+        "none": "no optimizer step",
+    }[m.optimizer]
+    lines = [
         "",
         "memory (peak of each category)        measured by the ledger  formula",
         _row("parameters", _b(led.peak_bytes("parameter")), _b(formulas["parameter"]),
@@ -249,12 +258,19 @@ def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, a
         conf = f", {fit.settings}" if fit.settings else ""
         lines.append(_row("reserved (PyTorch's allocator)", _b(fit.reserved_peak), "",
                           f"cuda_allocator.trace_events over the ledger's buffers{conf}"))
+    return lines
+
+
+def _per_block_lines(m: Measurement) -> list[str]:
+    """The activations saved per block, measured and by each published formula (for a GPT), times the layers."""
+    s = m.shape
+    B, T, d, H, L, v = s.batch, s.seq_len, s.d_model, s.n_head, s.n_layer, s.value_bytes
     outside = m.outside_blocks_saved
-    lines += ["", "activations saved per block            bytes                   × layers",
-              _row("measured (ledger, mean over blocks)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
-                   {"none": "", "selective": "kept in forward + saved by the replays"}.get(
-                       m.checkpoint, "saved by the replays, in backward") if isinstance(m.checkpoint, str) else "")]
-    if gpt:
+    lines = ["", "activations saved per block            bytes                   × layers",
+             _row("measured (ledger, mean over blocks)", f"{m.per_layer_saved:,}", format_bytes(L * m.per_layer_saved),
+                  {"none": "", "selective": "kept in forward + saved by the replays"}.get(
+                      m.checkpoint, "saved by the replays, in backward") if isinstance(m.checkpoint, str) else "")]
+    if isinstance(s, est.GPTShape):
         engine_layer = est.engine_activation_bytes_per_layer(s)
         seed_layer = est.seed_activation_bytes_per_layer(B, T, d, v)
         k22_layer = est.korthikanti_bytes_per_layer(T, B, d, H, bytes_per_value=v)
@@ -272,8 +288,14 @@ def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, a
                         sorted(outside.items(), key=lambda kv: -kv[1])[:3])
         lines.append(_row("outside the blocks (measured)", f"{sum(outside.values()):,}", "",
                           f"not in the per-block formulas: {top}"))
-    lines += ["", "FLOPs                                 measured (every op)     formula (matmuls only)"]
-    if gpt:
+    return lines
+
+
+def _flops_lines(m: Measurement) -> list[str]:
+    """FLOPs of each phase, measured over every op, beside the matmul-only formulas."""
+    s, led = m.shape, m.ledger
+    lines = ["", "FLOPs                                 measured (every op)     formula (matmuls only)"]
+    if isinstance(s, est.GPTShape):
         recompute = {"none": "none", "selective": "selective"}.get(m.checkpoint, "full") \
             if isinstance(m.checkpoint, str) else "full"
         fwd = est.gpt_forward_flops(s)
@@ -286,21 +308,21 @@ def report(m: Measurement, capacity: int | None, fit: DeviceFit | None = None, a
                  if recompute == "full" else ""),
             _row("total", f"{led.flops():.4e}", f"{est.gpt_training_flops(s, recompute):.4e}")]
     else:
-        fwd = L * sum(est.llama_forward_flops_terms(s).values()) + 2 * B * T * d * s.vocab_size
+        B, T, d = s.batch, s.seq_len, s.d_model
+        fwd = s.n_layer * sum(est.llama_forward_flops_terms(s).values()) + 2 * B * T * d * s.vocab_size
         lines += [_row("forward", f"{led.flops('forward'):.4e}", f"{fwd:.4e}", "blocks (k experts a token) + lm_head"),
                   _row("backward", f"{led.flops('backward'):.4e}", f"{2 * fwd:.4e}"),
                   _row("recompute", f"{led.flops('recompute'):.4e}"),
                   _row("total", f"{led.flops():.4e}")]
-    values = s.dtype if p is None or not p.autocast else None
-    drift = sorted({e.dtype for e in led.events if e.action == "saved" and e.dtype.startswith("float")
-                    and values and e.dtype != values})
-    if drift:
-        lines += ["", f"note: some saved activations are {', '.join(drift)} although the model is {s.dtype}"]
-    if plan is not None:
-        lines += ["", *plan_lines(plan)]
-    if capacity is not None:
-        lines += ["", *capacity_lines(led.peak_bytes(), capacity, fit)]
-    return "\n".join(lines)
+    return lines
+
+
+def _drifted_dtypes(m: Measurement) -> list[str]:
+    """Floating dtypes of saved activations other than the model's values' (none under autocast, which mixes)."""
+    p = m.precision
+    values = m.shape.dtype if p is None or not p.autocast else None
+    return sorted({e.dtype for e in m.ledger.events if e.action == "saved" and e.dtype.startswith("float")
+                   and values and e.dtype != values})
 
 
 def plan_lines(search) -> list[str]:
@@ -360,10 +382,24 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
     fit = device_fit(step.zero_events(led) if par.zero else led.events, capacity, device, alloc_conf)
     if as_json:
         return json.dumps(run_summary(m, fit, assumed, view=view) | {"parallelism": par.describe()})
-    shape = step.shape
-    s, b, h, a = shape.seq_len, shape.batch // par.microbatches, shape.d_model, shape.n_head
-    t, L, p, v = par.tensor, shape.n_layer, par.pipeline, par.virtual
-    param_grads, flight_grads = m.gradient_peaks()
+    lines = _shard_run_lines(m, par, seconds, assumed) + _shard_memory_lines(m, par, view, fit)
+    if checkpoint == "every_layer":
+        lines += ["", *_full_recompute_lines(led, step.shape, par)]
+    else:
+        lines += ["", *korthikanti_comparison(led, step.shape, par, checkpoint == "selective", attention)]
+    if par.pipeline > 1:
+        lines += ["", pipeline_note(led, step.shape, par)]
+    if capacity is not None:
+        lines += ["", *capacity_lines(view["peak"] if par.zero else led.peak_bytes(), capacity, fit,
+                                      "per-device peak")]
+    return "\n".join(lines)
+
+
+def _shard_run_lines(m: Measurement, par: Parallelism, seconds: float, assumed) -> list[str]:
+    """What ran: the run, device 0's share of the layers, heads and batch, and what was assumed."""
+    shape = m.shape
+    b, a, L = shape.batch // par.microbatches, shape.n_head, shape.n_layer
+    t, p, v = par.tensor, par.pipeline, par.virtual
     stage = f"the first of {p} pipeline stages, " if p > 1 else ""
     chunks = f" in {v} chunks" if v > 1 else ""
     lines = [
@@ -373,8 +409,15 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
     ]
     if assumed:
         lines += ["", "assumed (not given; each has a flag):", *[f"  - {x}" for x in assumed]]
+    return lines
+
+
+def _shard_memory_lines(m: Measurement, par: Parallelism, view: dict, fit: DeviceFit) -> list[str]:
+    """Device 0's peak of each category (and ZeRO's shares of them), its total and reserved peaks."""
+    led = m.ledger
+    param_grads, flight_grads = m.gradient_peaks()
     zero = "" if not par.zero else f"with ZeRO-{par.zero} over {par.data} (÷{par.data} from the measurement)"
-    lines += ["", _row("per device (peak of each category)", "measured", zero)]
+    lines = ["", _row("per device (peak of each category)", "measured", zero)]
     for label, cat, n in (("parameters", "parameter", None), ("parameter gradients", "gradient", param_grads),
                           ("activation gradients (in flight)", None, flight_grads),
                           ("optimizer states", "optimizer", None),
@@ -385,23 +428,20 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
     lines.append(_row("total peak", _b(led.peak_bytes()), _b(view["peak"]) if par.zero else ""))
     lines.append(_row("reserved (PyTorch's allocator)", _b(fit.reserved_peak), "",
                       "simulated over the device's buffers" + (" (ZeRO's shares)" if par.zero else "")))
-    if checkpoint == "every_layer":
-        block0 = saved_after_forward(led, "transformer.h.0")
-        kept = sum(e.nbytes for e in block0.values()) // _in_flight(par)
-        full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
-        lines += ["", "activations of one layer under full recompute (held when backward starts):",
-                  _row("measured (ledger, block 0)", f"{kept:,}"),
-                  _row("K22 Table 2: 2sbh" + ("/t (split)" if par.sequence else ""), f"{full:,}",
-                       "", "the block input" + ("; sequence parallelism splits it by t" if par.sequence else "")),
-                  _row("  unexplained", f"{kept - full:+,}", "", "(agrees exactly)" if kept == full else "")]
-    else:
-        lines += ["", *korthikanti_comparison(led, shape, par, checkpoint == "selective", attention)]
-    if p > 1:
-        lines += ["", pipeline_note(led, shape, par)]
-    if capacity is not None:
-        lines += ["", *capacity_lines(view["peak"] if par.zero else led.peak_bytes(), capacity, fit,
-                                      "per-device peak")]
-    return "\n".join(lines)
+    return lines
+
+
+def _full_recompute_lines(led, shape: est.GPTShape, par: Parallelism) -> list[str]:
+    """What one layer holds under full recompute when backward starts, beside Table 2's 2sbh (/t when split)."""
+    s, b, h, t = shape.seq_len, shape.batch // par.microbatches, shape.d_model, par.tensor
+    block0 = saved_after_forward(led, "transformer.h.0")
+    kept = sum(e.nbytes for e in block0.values()) // _in_flight(par)
+    full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
+    return ["activations of one layer under full recompute (held when backward starts):",
+            _row("measured (ledger, block 0)", f"{kept:,}"),
+            _row("K22 Table 2: 2sbh" + ("/t (split)" if par.sequence else ""), f"{full:,}",
+                 "", "the block input" + ("; sequence parallelism splits it by t" if par.sequence else "")),
+            _row("  unexplained", f"{kept - full:+,}", "", "(agrees exactly)" if kept == full else "")]
 
 
 def pipeline_note(led, shape, par) -> str:

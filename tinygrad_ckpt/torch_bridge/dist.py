@@ -5,7 +5,7 @@ beside the engine's per-device estimate (measure.ParallelStep, what `tinygrad-ck
     spec = Spec("tests/foreign_models.py:NanoGPTStyle", dict(n_layer=2, n_embd=64, ...), shape, parallel="tp",
                 sequence=True, plan="every_layer")
     ranks = run(spec, nproc=2)              # torchrun --nproc-per-node 2 -m this module (a subprocess)
-    rows = compare(spec, ranks)             # per rank: parameters, gradients, AdamW states, saved per layer, peak
+    rows = comparison_rows(spec, ranks)     # per rank: parameters, gradients, AdamW states, saved per layer, peak
     print(table(rows))
 
 Each rank builds the model, checks that the split computes the unsplit loss, splits it (parallel="tp": DTensor
@@ -204,12 +204,41 @@ class _Gathered:
             h.remove()
 
 
+def _first_step(step, opt) -> float:
+    """The first training step, which makes the optimizer's states; its loss."""
+    first = step()
+    loss = first.detach().item()
+    first.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss
+
+
+def _state_bytes(opt) -> dict:
+    """Bytes this rank holds per optimizer state name (exp_avg, exp_avg_sq, ...), summed over parameters."""
+    import torch
+
+    states = {}
+    for state in opt.state.values():
+        for k, v in state.items():
+            states[k] = states.get(k, 0) + (_local_bytes(v) if isinstance(v, torch.Tensor) else 0)
+    return states
+
+
+def _fsdp_numbers(model, gathered) -> dict:
+    """FSDP's gathered peaks, and each unit's parameters, whole (a DTensor's numel is its global one)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    units = {name: sum(p.numel() * p.element_size() for p in m.parameters()) for name, m in
+             model.named_modules() if isinstance(m, FSDPModule)}
+    return {"gathered_peak": gathered.peak, "unsharded_grads_peak": gathered.grads_peak, "units": units}
+
+
 def run_rank(spec: Spec) -> dict:
     """This rank's measurements (torchrun has set RANK, WORLD_SIZE, MASTER_ADDR/PORT)."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule
     from torch.distributed.tensor.parallel import loss_parallel
 
     import tinygrad_ckpt as tg
@@ -239,29 +268,17 @@ def run_rank(spec: Spec) -> dict:
         return _Backward(loss, context)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    first = step()
-    first_loss = first.detach().item()
-    first.backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+    first_loss = _first_step(step, opt)
     gathered = _Gathered(model) if spec.parallel == "fsdp" else None
     saves = tp.measure(model, step)
     if gathered is not None:
         gathered.remove()
     params = list({id(p): p for p in model.parameters()}.values())
-    states = {}
-    for state in opt.state.values():
-        for k, v in state.items():
-            states[k] = states.get(k, 0) + (_local_bytes(v) if isinstance(v, torch.Tensor) else 0)
-    fsdp = {}
-    if gathered is not None:  # and each unit's parameters, whole (a DTensor's numel is its global one)
-        units = {name: sum(p.numel() * p.element_size() for p in m.parameters()) for name, m in
-                 model.named_modules() if isinstance(m, FSDPModule)}
-        fsdp = {"gathered_peak": gathered.peak, "unsharded_grads_peak": gathered.grads_peak, "units": units}
+    fsdp = _fsdp_numbers(model, gathered) if gathered is not None else {}
     return {"rank": rank, "world": world, "loss": first_loss, "reference_loss": reference,
             "params": sum(_local_bytes(p) for p in params),
             "grads": sum(_local_bytes(p.grad) for p in params if p.grad is not None),
-            "optimizer": states, "saved_by_layer": saves.by_layer(), "saved_by_module": saves.by_module(),
+            "optimizer": _state_bytes(opt), "saved_by_layer": saves.by_layer(), "saved_by_module": saves.by_module(),
             "peak_saved": saves.peak, "after_forward": saves.after_forward, "n_tensors": len(params),
             "at_peak_by_module": _by_scope(saves.meter.at_peak), **fsdp}
 
@@ -405,7 +422,7 @@ class Row:
 
 def terms(spec: Spec, world: int, saves: str = "engine") -> dict:
     """The named differences between PyTorch's saves and the engine's for this run, in bytes, from the shapes:
-    {name: (bytes, why)}. Each is counted in compare() where PyTorch's saves it describes are held. Against an
+    {name: (bytes, why)}. Each is counted in comparison_rows() where PyTorch's saves it describes are held. Against an
     estimate with saves="pytorch" the engine's layer norms save as PyTorch's do: their terms are 0 (its
     cross-entropy keeps what it keeps under every profile, so that term stays)."""
     s = spec.shape
@@ -456,17 +473,17 @@ def _head_terms(named: dict, spec: Spec) -> list:
     return out
 
 
-def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "transformer.h",
-            saves: str = "engine") -> list[Row]:
+def comparison_rows(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "transformer.h",
+                    saves: str = "engine") -> list[Row]:
     """One rank's measurements beside the engine's estimate (estimate(spec, world, saves) if not given), row by row:
     parameters, gradients, AdamW states, the saves of every block, of ln_f + lm_head and of the loss, the peak of
     saved bytes, and FSDP2's all-gathered parameters and unsharded gradients; each difference a named term
-    (terms()). compare(spec, rank, saves="pytorch") is the comparison with the estimate's --saves pytorch."""
+    (terms()). comparison_rows(spec, rank, saves="pytorch") is the comparison with the estimate's --saves pytorch."""
     from ..recompute import planner
 
     if spec.policy:
-        raise NotImplementedError("torch_dist.compare: the named terms are derived for plans (full recompute); under "
-                                  f"policy {spec.policy} the ranks' measurements stand alone")
+        raise NotImplementedError("torch_dist.comparison_rows: the named terms are derived for plans (full "
+                                  f"recompute); under policy {spec.policy} the ranks' measurements stand alone")
     world = rank["world"]
     est = est or estimate(spec, world, saves)
     named = terms(spec, world, saves)
@@ -493,7 +510,15 @@ def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "tran
         if seg.checkpoint and seg.stop - seg.start > 1:  # its own name, in both ("transformer.h.0-1")
             name = f"{blocks}.{seg.start}-{seg.stop - 1}"
             rows.append(Row(f"saved, {name} (its input)", ours.get(name, 0), theirs.get(name, 0), []))
-    live = rank["at_peak_by_module"]  # what PyTorch held at its peak: the terms of those saves
+    peak_terms = _peak_terms(rank["at_peak_by_module"], named, spec, blocks, starts, head)
+    rows.append(Row("peak of saved bytes", rank["peak_saved"], est["peak_saved"], peak_terms))
+    if "gathered_peak" in rank:
+        rows += _fsdp_rows(rank, named)
+    return rows
+
+
+def _peak_terms(live, named: dict, spec: Spec, blocks: str, starts: set, head: tuple) -> list:
+    """The terms of the saves PyTorch held at its peak (`live`: the scopes it held then)."""
     peak_terms = []
     for k in range(spec.shape.n_layer):
         if any(scope.startswith(f"{blocks}.{k}.") for scope in live):
@@ -502,16 +527,18 @@ def compare(spec: Spec, rank: dict, est: dict | None = None, blocks: str = "tran
         peak_terms += [(f"ln_f + lm_head: {n}", b) for n, b in _head_terms(named, spec)]
     if "" in live:
         peak_terms.append(("loss: cross_entropy", named["cross_entropy"][0]))
-    rows.append(Row("peak of saved bytes", rank["peak_saved"], est["peak_saved"], peak_terms))
-    if "gathered_peak" in rank:
-        rows += [Row("FSDP2 all-gathered parameters (peak)", rank["gathered_peak"], 0,
-                     [("root unit: embeddings, ln_f (lm_head tied), kept unsharded through forward and backward",
-                       named["fsdp_root"][0]), ("one block unit, from its pre-forward (pre-backward) to its post-",
-                                                named["fsdp_block"][0])]),
-                 Row("FSDP2 unsharded gradients (peak)", rank["unsharded_grads_peak"], 0,
-                     [("one block unit's, from accumulation to its reduce-scatter", named["fsdp_block"][0]),
-                      ("ln_f's: the root's, landed before the blocks', reduce-scattered last", named["fsdp_ln_f"][0])])]
-    return rows
+    return peak_terms
+
+
+def _fsdp_rows(rank: dict, named: dict) -> list[Row]:
+    """FSDP2's all-gathered parameters and unsharded gradients at their peaks, each beside its named terms."""
+    return [Row("FSDP2 all-gathered parameters (peak)", rank["gathered_peak"], 0,
+                [("root unit: embeddings, ln_f (lm_head tied), kept unsharded through forward and backward",
+                  named["fsdp_root"][0]), ("one block unit, from its pre-forward (pre-backward) to its post-",
+                                           named["fsdp_block"][0])]),
+            Row("FSDP2 unsharded gradients (peak)", rank["unsharded_grads_peak"], 0,
+                [("one block unit's, from accumulation to its reduce-scatter", named["fsdp_block"][0]),
+                 ("ln_f's: the root's, landed before the blocks', reduce-scattered last", named["fsdp_ln_f"][0])])]
 
 
 def table(rows: list[Row], title: str = "") -> str:

@@ -660,7 +660,7 @@ def _saves(x, by: str) -> dict:
 OUTSIDE = "(outside any module)"
 
 
-def compare(torch_saves, engine, by: str = "layer") -> list[dict]:
+def comparison_rows(torch_saves, engine, by: str = "layer") -> list[dict]:
     """Per layer (or module), PyTorch's saved bytes (a TorchSaves, SavedBytes or {name: bytes}) beside the engine's
     (a Ledger or {name: bytes}): [{name, torch, engine, difference}], in the engine's order, then PyTorch's own.
     What ops outside any module keep (the loss) is one row: PyTorch's scope "" and the engine's layers named after
@@ -694,8 +694,8 @@ def _in_block_order(names: list) -> list:
 
 
 def comparison_table(torch_saves, engine, by: str = "layer") -> str:
-    """compare() as a fixed-width table, with the totals."""
-    rows = compare(torch_saves, engine, by)
+    """comparison_rows() as a fixed-width table, with the totals."""
+    rows = comparison_rows(torch_saves, engine, by)
     width = max([len(r["name"]) for r in rows] + [8])
     lines = [f"{by:<{width}}  {'PyTorch':>12}  {'engine':>12}  {'difference':>12}  {'ratio':>7}"]
     for r in rows + [{"name": "total", **{k: sum(x[k] for x in rows) for k in ("torch", "engine", "difference")}}]:
@@ -706,4 +706,4 @@ def comparison_table(torch_saves, engine, by: str = "layer") -> str:
 
 
 __all__ = ["BLOCK_PATHS", "find_blocks", "ModuleScopes", "op_kind", "AppliedPlan", "apply_plan", "remove_plan",
-           "TorchSaves", "measure", "measure_costs", "plan_for_budget", "compare", "comparison_table"]
+           "TorchSaves", "measure", "measure_costs", "plan_for_budget", "comparison_rows", "comparison_table"]
