@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tinygrad_ckpt as tg
-from tinygrad_ckpt import nn
+from tinygrad_ckpt import nn, optim
 from tinygrad_ckpt.app import cli
 from tinygrad_ckpt.memory import cuda_allocator
 from tinygrad_ckpt.memory.alloc_conf import MiB, Settings
@@ -115,3 +115,24 @@ def test_end_phase_without_begin_phase_says_so():
     with led:
         model(IDX, IDX)[1].backward()
     assert led.peak_bytes() > 0 and led.backward_passes()
+
+
+# ---- 3. a bounded ledger's events are not replayed as if whole -----------------------------------------------
+def test_a_bounded_ledgers_events_are_not_replayed():
+    def run(**ledger):
+        model = gpt()
+        opt = optim.SGD(model.parameters(), lr=0.1)
+        with tg.Ledger(**ledger) as led:
+            for _ in range(3):
+                model(IDX, IDX)[1].backward()
+                opt.step()
+                opt.zero_grad()
+        return led
+
+    whole = cuda_allocator.trace_events(run().events)
+    with pytest.raises(ValueError, match=r"^trace_events: these are a bounded ledger's events .*dropped cannot be "
+                                         r"replayed.*Ledger\(allocator='pytorch-cuda', keep_iterations=\.\.\.\)"):
+        cuda_allocator.trace_events(run(keep_iterations=1).events)
+    placed = run(keep_iterations=1, allocator="pytorch-cuda")  # what to use instead: placed as it happens
+    assert placed.placement.allocator.peak_reserved == whole.peak_reserved
+    assert cuda_allocator.trace_events(run().events, capacity_bytes="1 GiB").fits

@@ -425,11 +425,22 @@ class Trace:
         return self.oom is None
 
 
-def trace_events(events, settings: Settings | str | None = None, capacity_bytes: int | None = None) -> Trace:
+def trace_events(events, settings: Settings | str | None = None,
+                 capacity_bytes: int | str | None = None) -> Trace:
     """Replay a ledger's events (records with seq, action, nbytes, buffer; from_category if they have one)
     through a Placement: a buffer's first event ("existing" or "allocated", not a move from another category)
     is a malloc of its nbytes, its "released" a free; other actions move a buffer between categories and
-    change nothing here."""
+    change nothing here. A bounded ledger's events (`Ledger(keep_iterations=...)`) are refused: the buffers it
+    allocated in the iterations it dropped cannot be placed afterwards, so the replay would miss them."""
+    first = getattr(events, "first", 0)  # an EventLog's first kept seq: > 0 when a bounded ledger dropped some
+    if first > 0:
+        raise ValueError(
+            f"trace_events: these are a bounded ledger's events (Ledger(keep_iterations=...)), from seq {first} on: "
+            "the buffers it allocated in the iterations it dropped cannot be replayed, so the reserved and allocated "
+            "bytes would be understated. Use Ledger(allocator='pytorch-cuda', keep_iterations=...), which places "
+            "every buffer as it happens (led.timeline()['reserved'], led.summary()), or an unbounded Ledger")
+    settings = settings_of(settings, "trace_events")
+    capacity_bytes = parse_capacity(capacity_bytes, "trace_events: capacity_bytes")
     placed, rows, oom = Placement(settings, capacity_bytes), [], None
     alloc = placed.allocator
     for index, ev in enumerate(events):
