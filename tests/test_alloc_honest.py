@@ -136,3 +136,23 @@ def test_a_bounded_ledgers_events_are_not_replayed():
     placed = run(keep_iterations=1, allocator="pytorch-cuda")  # what to use instead: placed as it happens
     assert placed.placement.allocator.peak_reserved == whole.peak_reserved
     assert cuda_allocator.trace_events(run().events, capacity_bytes="1 GiB").fits
+
+
+# ---- 4. a ledger entered with work alive holds it from its first event --------------------------------------
+def test_a_ledger_entered_with_a_graph_alive_draws_it_held_from_the_start():
+    from tinygrad_ckpt.memory import plots
+
+    model = gpt()
+    loss = model(IDX, IDX)[1]  # the graph and its saves are alive before the ledger
+    with tg.Ledger() as led:
+        at_entry = led.live_bytes(), led.live_bytes("activation"), led.live_bytes(untouched=True)
+        loss.backward()
+    saved = led.peak_bytes("activation")
+    assert saved > 0 and at_entry[:2] == (0, 0)  # untouched at entry, as the docstring says
+    assert at_entry[2] == sum(e.nbytes for e in led.events if e.action == "existing" and not e.from_category)
+    counters = [e["args"] for e in led.to_chrome_trace()["traceEvents"] if e["ph"] == "C"]
+    tl, drawn = led.timeline(), plots.timeline_data(led)
+    n = sum(e.action == "existing" for e in led.events)
+    for curve in (counters[0], {c: int(drawn[c][0]) for c in ("activation", "parameter")}):
+        assert curve["activation"] == int(tl["activation"][n - 1]) == saved  # the saves, all there at the start
+        assert curve["parameter"] == sum(p.nbytes for p in model.parameters())

@@ -284,7 +284,10 @@ class Ledger(Observer):
     # ---- queries (queries.py) -----------------------------------------------------------------
     def live_bytes(self, category: str | None = None, untouched: bool = False) -> int:
         """Live bytes now, of one category or of all but "untouched" together (what the recorded code uses);
-        untouched=True: of all of them (what the process holds, as tracemalloc sees it)."""
+        untouched=True: of all of them (what the process holds, as tracemalloc sees it). What was alive when the
+        ledger was entered (parameters, a graph's saves) is "untouched" until the recorded code uses it, so at
+        entry live_bytes() counts none of it and live_bytes(untouched=True) all of it; once used, a buffer counts
+        in its category, and from the ledger's first event (timeline(), the peaks)."""
         one_of("live_bytes", "category", category, CATEGORIES, none="every category but 'untouched'")
         check_whole("live_bytes", category, untouched)
         return self._counts.live_bytes(category, untouched)
