@@ -15,6 +15,7 @@ docs/house.md.
 from __future__ import annotations
 
 import argparse
+import math
 import re
 import sys
 
@@ -33,13 +34,20 @@ _DTYPES = {"float16": "float16", "fp16": "float16", "half": "float16", "float32"
 
 def parse_size(text: str) -> int:
     """Bytes from '80GB' (10^9), '80GiB' (2^30), '512 MiB' (units.parse_bytes); a bare number is refused here,
-    since '--capacity 80' is far more likely to mean 80 GB than 80 bytes."""
+    since '--capacity 80' is far more likely to mean 80 GB than 80 bytes, and so is a negative or endless one."""
+    if str(text).strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"{text!r} is negative: give a positive size such as 80GB or 80GiB")
     try:
         value = parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    except OverflowError:  # '1e400GB': an infinite float
+        value = math.inf
     if re.fullmatch(r"\s*[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?\s*", str(text)):  # a number without a unit
         raise argparse.ArgumentTypeError(f"{text!r} has no unit: write e.g. {text}GB (10^9 bytes) or {text}GiB (2^30)")
+    if value >= 2**64:
+        raise argparse.ArgumentTypeError(f"{text!r} overflows: a device's memory is less than 2^64 bytes (16 EiB); "
+                                         "give a size such as 80GB or 80GiB")
     if value <= 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a positive size")
     return value
@@ -57,6 +65,11 @@ def _positive(text: str) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """One line and exit status 2 for a bad argument (argparse would print the whole usage first)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # "--capacity -5GB": a value with a minus sign and a digit is a value (refused by its type), not a flag
+        self._negative_number_matcher = re.compile(r"^-\.?[0-9]")
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -80,7 +93,7 @@ def _gpu(text: str):
 
 def _alloc_conf(text: str) -> str:
     try:
-        cuda_allocator.Settings.parse(text)
+        cuda_allocator.Settings.parse(text, who="")  # argparse names the flag
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return text

@@ -13,10 +13,10 @@ Read in c10/cuda/CUDACachingAllocator.cpp (v2.x, commit 001074d) and c10/core/Al
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ..units import format_bytes
+from . import alloc_conf_text
 
 MiB = 2**20
 MIN_BLOCK_SIZE = 512  # kMinBlockSize: every request is rounded to at least this
@@ -51,28 +51,100 @@ class Settings:
         object.__setattr__(self, "roundup_power2_divisions", _divisions(self.roundup_power2_divisions))
 
     @classmethod
-    def parse(cls, conf: str) -> Settings:
+    def parse(cls, conf: str, who: str = "alloc_conf") -> Settings:
         """Settings from PYTORCH_CUDA_ALLOC_CONF's text, e.g. "expandable_segments:True,max_split_size_mb:128"
-        or "roundup_power2_divisions:[256:1,512:2,>:4]" (AllocatorConfig::parseArgs)."""
-        options = {}
-        for key, value in re.findall(r"(\w+)\s*:\s*(\[[^\]]*\]|[^,]+)", conf):
-            value = value.strip()
-            if key == "max_split_size_mb":
-                options["max_split_size"] = int(value) * MiB
-            elif key == "max_non_split_rounding_mb":
-                options["max_non_split_rounding"] = int(value) * MiB
-            elif key == "expandable_segments":
-                if value not in ("True", "False"):
-                    raise ValueError(f"expandable_segments takes True or False, got {value!r}")
-                options["expandable_segments"] = value == "True"
-            elif key == "roundup_power2_divisions":
-                pairs = re.findall(r"([0-9]+|>)\s*:\s*([0-9]+)", value)
-                options[key] = {(k if k == ">" else int(k)): int(v) for k, v in pairs} if value.startswith("[") \
-                    else int(value)
-            elif key not in ("backend", "garbage_collection_threshold", "release_lock_on_cudamalloc"):
-                raise ValueError(f"unknown allocator option {key!r}: the simulation knows max_split_size_mb, "
-                                 "max_non_split_rounding_mb, roundup_power2_divisions, expandable_segments")
-        return cls(**options)
+        or "roundup_power2_divisions:[256:1,512:2,>:4]" (AllocatorConfig::parseArgs; the syntax is
+        alloc_conf_text.py's). What PyTorch refuses is refused, naming `who` (the call or flag), the option and
+        its value; options PyTorch accepts that change no placement (alloc_conf_text.NO_EFFECT) are checked and
+        have no effect."""
+        found = {}
+        for key, value in alloc_conf_text.options(conf, who).items():
+            read = _READERS[key]
+            try:
+                found[key] = read(value)
+            except ValueError as exc:
+                raise ValueError(f"{alloc_conf_text.lead(who)}{key}:{_shown(value)} is refused: {exc} "
+                                 f"(e.g. '{alloc_conf_text.example(key)}')") from None
+        return cls(**{_FIELDS[k]: v for k, v in found.items() if k in _FIELDS})
+
+
+_FIELDS = {"max_split_size_mb": "max_split_size", "max_non_split_rounding_mb": "max_non_split_rounding",
+           "roundup_power2_divisions": "roundup_power2_divisions", "expandable_segments": "expandable_segments"}
+
+
+def _shown(value) -> str:
+    return "[" + ",".join(f"{k}:{v}" for k, v in value) + "]" if isinstance(value, list) else value
+
+
+def _whole(text, floor: int = 0) -> int:
+    """A whole number written in decimal digits, at least `floor`."""
+    if not isinstance(text, str) or not text.isdigit():
+        raise ValueError(f"{_shown(text)!r} is not a whole number")
+    if int(text) < floor:
+        raise ValueError(f"it must be at least {floor} (PyTorch refuses less)")
+    return int(text)
+
+
+def _power_of_two(text, zero: bool = False) -> int:
+    n = _whole(text)
+    if n & (n - 1) or (n == 0 and not zero):
+        raise ValueError(f"it must be a power of two{' or 0' if zero else ''}, as PyTorch requires")
+    return n
+
+
+def _flag(text) -> bool:
+    if text not in ("True", "False"):
+        raise ValueError("it takes True or False (spelt so), as PyTorch requires")
+    return text == "True"
+
+
+def _mib_at_least_large_buffer(text) -> int:
+    """A size in MiB of at least kLargeBuffer (20 MiB), in bytes."""
+    if _whole(text) * MiB < LARGE_BUFFER:
+        raise ValueError(f"it must be at least {format_bytes(LARGE_BUFFER)} (PyTorch refuses less)")
+    return int(text) * MiB
+
+
+def _divisions_text(value):
+    """roundup_power2_divisions: one power of two, or [(MiB interval or '>', divisions 0 or a power of two), ...]."""
+    if not isinstance(value, list):
+        return _power_of_two(value)
+    return {(k if k == ">" else _power_of_two(k)): _power_of_two(v, zero=True) for k, v in value}
+
+
+def _backend(text) -> str:
+    if text == "cudaMallocAsync":
+        raise ValueError("the simulation is PyTorch's native caching allocator; cudaMallocAsync leaves placement "
+                         "to the CUDA driver, which is not simulated (use backend:native or leave it out)")
+    if text != "native":
+        raise ValueError("unknown allocator backend: the options are native and cudaMallocAsync")
+    return text
+
+
+def _threshold(text) -> float:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        raise ValueError(f"{_shown(text)!r} is not a number") from None
+    if not 0 < value < 1:
+        raise ValueError("it must lie strictly between 0.0 and 1.0, as PyTorch requires")
+    return value
+
+
+def _threads(text) -> int:
+    n = _power_of_two(text)
+    if n > 128:
+        raise ValueError("it must be at most 128 (PyTorch's pinned_max_register_threads)")
+    return n
+
+
+_READERS = {"max_split_size_mb": _mib_at_least_large_buffer, "max_non_split_rounding_mb": _mib_at_least_large_buffer,
+            "roundup_power2_divisions": _divisions_text, "expandable_segments": _flag, "backend": _backend,
+            "garbage_collection_threshold": _threshold, "release_lock_on_cudamalloc": _flag,
+            "release_lock_on_hipmalloc": _flag, "pinned_use_cuda_host_register": _flag,
+            "pinned_use_hip_host_register": _flag, "pinned_num_register_threads": _threads,
+            "pinned_use_background_threads": _flag, "pinned_reserve_segment_size_mb": lambda t: _whole(t, 1),
+            "graph_capture_record_stream_reuse": _flag}
 
 
 def _divisions(value) -> tuple:

@@ -20,19 +20,20 @@ class OutOfMemoryError(RuntimeError):
     """An allocation would exceed the ledger's capacity (like a GPU that cannot grow)."""
 
 
-def parse_capacity(value) -> int | None:
-    """A capacity as given to Ledger: None (no limit), a positive number of bytes or a size such as '80GB'."""
+def parse_capacity(value, who: str = "Ledger: capacity_bytes") -> int | None:
+    """A capacity as given to Ledger (or to `who`): None (no limit), a positive number of bytes or a size such as
+    '80GB'."""
     if value is None:
         return None
     wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
     if not (number(value) or isinstance(value, str)):
-        raise TypeError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}")
+        raise TypeError(f"{who} must be {wanted}, got {value!r}")
     try:
         size = parse_bytes(value) if isinstance(value, str) else value
-    except ValueError:
-        raise ValueError(f"Ledger: capacity_bytes must be {wanted}, got {value!r}") from None
+    except (ValueError, OverflowError):  # OverflowError: '1e400GB' is an infinite float
+        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}") from None
     if not 1 <= size < math.inf:  # NaN fails too; None (not inf) means no limit
-        raise ValueError(f"Ledger: capacity_bytes must be {wanted} (None for no limit), got {value!r}")
+        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}")
     return int(size)
 
 
@@ -49,9 +50,9 @@ def placement_for(allocator: str | None, alloc_conf: str, capacity: int | None):
                          "allocator='pytorch-cuda' as well")
     if allocator is None:
         return None
-    from .cuda_allocator import Placement  # plugged in only when asked for
+    from .cuda_allocator import Placement, Settings  # plugged in only when asked for
 
-    return Placement(alloc_conf or None, capacity)
+    return Placement(Settings.parse(alloc_conf, who="Ledger: alloc_conf"), capacity)
 
 
 def out_of_memory(where: str, placement, capacity: int | None, counts, request: int, buffers, origins):

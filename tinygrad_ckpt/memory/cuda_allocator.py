@@ -34,9 +34,22 @@ from .alloc_conf import (  # noqa: F401 (MiB, MIN_BLOCK_SIZE, allocation_size: r
     allocation_size,
     round_size,
 )
+from .capacity import parse_capacity
 from .cuda_memory import BASE_ADDRESS, MemoryBlock, Pool, Segment, snapshot
 
 DEFAULT_DEVICE_BYTES = 2**40  # sizes an expandable segment's address range when no capacity is given
+
+def settings_of(settings, who: str) -> Settings:
+    """`settings` as given to `who`: Settings, PYTORCH_CUDA_ALLOC_CONF's text or None (PyTorch's defaults)."""
+    if settings is None:
+        return DEFAULT
+    if isinstance(settings, str):
+        return Settings.parse(settings, who=f"{who}: settings")
+    if not isinstance(settings, Settings):
+        raise TypeError(f"{who}: settings must be a Settings, a string in PYTORCH_CUDA_ALLOC_CONF's syntax (such as "
+                        f"'expandable_segments:True') or None, got {settings!r}")
+    return settings
+
 
 class AllocatorOutOfMemory(MemoryError):
     """The simulated device had no room even after the cache was emptied (malloc's "CUDA out of memory")."""
@@ -59,9 +72,9 @@ class CachingAllocator:
     memory_viz trace entries (alloc, free_requested, free_completed, segment_alloc / free / map / unmap, oom)
     with real sizes and the simulated addresses."""
 
-    def __init__(self, settings: Settings | str | None = None, capacity_bytes: int | None = None):
-        self.settings = Settings.parse(settings) if isinstance(settings, str) else settings or DEFAULT
-        self.capacity = capacity_bytes
+    def __init__(self, settings: Settings | str | None = None, capacity_bytes: int | str | None = None):
+        self.settings = settings_of(settings, "CachingAllocator")
+        self.capacity = parse_capacity(capacity_bytes, "CachingAllocator: capacity_bytes")  # as Ledger reads it
         self.small, self.large = Pool("small"), Pool("large")
         self.segments: list[Segment] = []
         self.allocated = self.requested = self.reserved = 0
@@ -412,11 +425,22 @@ class Trace:
         return self.oom is None
 
 
-def trace_events(events, settings: Settings | str | None = None, capacity_bytes: int | None = None) -> Trace:
+def trace_events(events, settings: Settings | str | None = None,
+                 capacity_bytes: int | str | None = None) -> Trace:
     """Replay a ledger's events (records with seq, action, nbytes, buffer; from_category if they have one)
     through a Placement: a buffer's first event ("existing" or "allocated", not a move from another category)
     is a malloc of its nbytes, its "released" a free; other actions move a buffer between categories and
-    change nothing here."""
+    change nothing here. A bounded ledger's events (`Ledger(keep_iterations=...)`) are refused: the buffers it
+    allocated in the iterations it dropped cannot be placed afterwards, so the replay would miss them."""
+    first = getattr(events, "first", 0)  # an EventLog's first kept seq: > 0 when a bounded ledger dropped some
+    if first > 0:
+        raise ValueError(
+            f"trace_events: these are a bounded ledger's events (Ledger(keep_iterations=...)), from seq {first} on: "
+            "the buffers it allocated in the iterations it dropped cannot be replayed, so the reserved and allocated "
+            "bytes would be understated. Use Ledger(allocator='pytorch-cuda', keep_iterations=...), which places "
+            "every buffer as it happens (led.timeline()['reserved'], led.summary()), or an unbounded Ledger")
+    settings = settings_of(settings, "trace_events")
+    capacity_bytes = parse_capacity(capacity_bytes, "trace_events: capacity_bytes")
     placed, rows, oom = Placement(settings, capacity_bytes), [], None
     alloc = placed.allocator
     for index, ev in enumerate(events):

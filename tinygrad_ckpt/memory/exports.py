@@ -19,9 +19,11 @@ import json
 import os
 from dataclasses import asdict
 
+import numpy as np
+
 from . import explorer
 from . import memory_viz as viz
-from .events import CATEGORIES, OP, Event
+from .events import CATEGORIES, EXISTING, OP, Event
 
 
 def check_path(method: str, path):
@@ -32,9 +34,20 @@ def check_path(method: str, path):
     return path
 
 
+def entry_state_first(actions):
+    """The indices of the memory events to draw a curve through: every one but the "op" markers and the "existing"
+    events before the last of them. Those count, one buffer each, what was alive when the ledger was entered: it was
+    held from the start, so a curve begins at the state after the last of them instead of ramping up to it."""
+    keep = actions != OP
+    existing = np.flatnonzero(actions == EXISTING)
+    keep[existing[:-1]] = False
+    return keep.nonzero()[0]
+
+
 def chrome_trace(led, path=None) -> dict:
     """Chrome trace / Perfetto JSON: one slice ("X") per op and per phase run or span, and a counter track ("C")
-    of the live bytes per category at every memory event; microseconds since the ledger started."""
+    of the live bytes per category at every memory event (what was alive at entry from the first: entry_state_first);
+    microseconds since the ledger started."""
     if path is not None:
         check_path("to_chrome_trace", path)
     trace = [{"ph": "M", "pid": 1, "tid": 1, "name": "process_name", "args": {"name": "tinygrad_ckpt"}}]
@@ -46,7 +59,7 @@ def chrome_trace(led, path=None) -> dict:
                       "ts": op["t0"] * 1e6, "dur": (op["t1"] - op["t0"]) * 1e6,
                       "args": {"op": op["op"], "flops": op["flops"], "step": op["step"]}})
     tl = led.timeline()
-    memory = (led.events.columns()["action"] != OP).nonzero()[0]
+    memory = entry_state_first(led.events.columns()["action"])
     live = {c: tl[c][memory].tolist() for c in CATEGORIES}
     for k, t in enumerate(tl["time"][memory].tolist()):
         trace.append({"ph": "C", "pid": 1, "tid": 1, "name": "memory", "ts": t * 1e6,

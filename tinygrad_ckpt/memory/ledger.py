@@ -155,10 +155,14 @@ class Ledger(Observer):
             self.end_phase(name)
 
     def begin_phase(self, name: str) -> None:
+        """Ops from now on belong to phase `name` (one of PHASES), until end_phase(name)."""
+        one_of("Ledger.begin_phase", "name", name, PHASES)
         self._phase = _PHASE[name]
         self._phases.append((self._phase, time.perf_counter()))
 
     def end_phase(self, name: str) -> None:
+        """The phase begun last, `name`, ends: ops belong to the one around it again (forward if none)."""
+        _check_closing("Ledger.end_phase", name, PHASES[self._phases[-1][0]] if self._phases else None, "phase")
         phase, t0 = self._phases.pop()
         self._phase = self._phases[-1][0] if self._phases else FORWARD
         self._window.ended |= phase in (BACKWARD, OPTIMIZER)
@@ -169,6 +173,7 @@ class Ledger(Observer):
         self._span_stack.append(time.perf_counter())
 
     def end_span(self, label: str) -> None:
+        _check_closing("Ledger.end_span", label, "" if self._span_stack else None, "span")
         t0 = self._span_stack.pop()
         self.spans.append({"name": label, "phase": self.current_phase, "t0": t0 - self._t0,
                            "t1": time.perf_counter() - self._t0, "seq": self.seq})
@@ -279,7 +284,10 @@ class Ledger(Observer):
     # ---- queries (queries.py) -----------------------------------------------------------------
     def live_bytes(self, category: str | None = None, untouched: bool = False) -> int:
         """Live bytes now, of one category or of all but "untouched" together (what the recorded code uses);
-        untouched=True: of all of them (what the process holds, as tracemalloc sees it)."""
+        untouched=True: of all of them (what the process holds, as tracemalloc sees it). What was alive when the
+        ledger was entered (parameters, a graph's saves) is "untouched" until the recorded code uses it, so at
+        entry live_bytes() counts none of it and live_bytes(untouched=True) all of it; once used, a buffer counts
+        in its category, and from the ledger's first event (timeline(), the peaks)."""
         one_of("live_bytes", "category", category, CATEGORIES, none="every category but 'untouched'")
         check_whole("live_bytes", category, untouched)
         return self._counts.live_bytes(category, untouched)
@@ -374,6 +382,17 @@ class Ledger(Observer):
         """Every event as one JSON object per line."""
         exports.write_jsonl(self, path)
 
+
+
+def _check_closing(call: str, name: str, open_name: str | None, what: str) -> None:
+    """end_phase / end_span of `name` while `open_name` is the one begun last (None: none is open; "": any)."""
+    if open_name is None:
+        with_block = f", or use `with led.phase({name!r}):`" if what == "phase" else ""
+        raise RuntimeError(f"{call}({name!r}): no {what} is open (begin_{what} was not called, or each one has "
+                           f"ended already): call begin_{what}({name!r}) first{with_block}")
+    if open_name and name != open_name:
+        raise RuntimeError(f"{call}({name!r}): the {what} begun last is {open_name!r}; end that one first "
+                           f"({what}s nest: end_{what} closes the one begun last)")
 
 
 def numpy_traced_bytes() -> int:
