@@ -298,3 +298,35 @@ def test_a_half_cross_entropy_matches_pytorch_over_a_large_vocabulary(dtype):
     expected.backward()
     assert x.grad.dtype == dtype
     np.testing.assert_allclose(x.grad.astype(np.float32), t.grad.float().numpy(), atol=2 ** -8 * 1 / 16)
+
+
+@pytest.mark.parametrize("name, dtype", [("bf16", BFLOAT16), ("bfloat16", BFLOAT16), ("fp16", np.float16),
+                                         ("float16", np.float16), ("fp32", np.float32), ("float32", np.float32),
+                                         ("fp64", np.float64), ("float64", np.float64)])
+def test_tensor_to_and_module_to_take_autocasts_dtype_names(name, dtype):
+    x = tg.Tensor(np.ones(3, np.float32), requires_grad=True)
+    assert x.to(name).dtype == dtype
+    model = nn.Linear(4, 2).to(name)
+    assert {p.dtype for p in model.parameters()} == {np.dtype(dtype)}
+    if np.dtype(dtype).itemsize == 2:
+        with tg.autocast(name):
+            assert (tg.Tensor(np.ones((2, 4), np.float32)) @ tg.Tensor(np.ones((4, 2), np.float32))).dtype == dtype
+
+
+def test_master_weights_copy_only_half_parameters():
+    """Mixed precision keeps float32 copies of the half weights; a float32 or float64 parameter (a norm kept in full
+    precision) is updated in place, its states in its own dtype, no copy made and nothing rounded."""
+    half = tg.Parameter(np.ones(4, BFLOAT16), name="half")
+    single, double = tg.Parameter(np.full(4, 0.1, np.float32), name="single"), tg.Parameter(np.full(4, 0.1))
+    opt = optim.AdamW([half, single, double], lr=1e-3, master_weights=True)
+    plain_single, plain_double = tg.Parameter(single.data.copy()), tg.Parameter(double.data.copy())
+    plain = optim.AdamW([plain_single, plain_double], lr=1e-3)
+    for _ in range(3):
+        for p in (half, single, double, plain_single, plain_double):
+            p.grad = np.full(4, 1e-3, p.dtype)
+        opt.step()
+        plain.step()
+    assert set(opt.state[id(half)]) == {"m", "v", "master"}
+    for p, q in [(single, plain_single), (double, plain_double)]:
+        assert set(opt.state[id(p)]) == {"m", "v"} and opt.state[id(p)]["m"].dtype == p.dtype
+        np.testing.assert_array_equal(p.data, q.data)  # exactly the update without master weights

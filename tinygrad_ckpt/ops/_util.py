@@ -9,9 +9,7 @@ import numpy as np
 
 from .. import backend
 from ..backend import unbroadcast, xp  # noqa: F401  (unbroadcast: ops import it from here)
-from ..checks import BFLOAT16, kind
-
-_ACCUMULATES_IN = {BFLOAT16: np.dtype(np.float32), np.dtype(np.float16): np.dtype(np.float32)}
+from ..checks import HALF_DTYPES, kind
 
 
 def numel(shape) -> int:
@@ -26,7 +24,7 @@ def constant(value, like):
 def accumulation_dtype(dtype):
     """The dtype a sum over many elements runs in, as in PyTorch's kernels: float32 for half precision (bfloat16 keeps
     8 bits: 256 + 1 rounds back to 256), a dtype's own otherwise."""
-    return _ACCUMULATES_IN.get(dtype, dtype)
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
 
 
 def accumulated(method: str, x, axes, keepdims: bool):
