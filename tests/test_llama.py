@@ -307,6 +307,19 @@ def test_the_rotary_table_is_one_buffer_for_the_model():
     assert {e.nbytes for e in led.events if e.name.endswith("rotary:table")} == {table_bytes}
 
 
+def test_to_computes_the_rotary_table_again_at_the_precision_asked():
+    """A float32 table converted to float64 would stay float32-accurate (4e-8 off): `to` makes it again, so a
+    float64 Llama's table is cos and sin in float64, and a bfloat16 one is rounded once from them."""
+    model = make("dense", np.float32).to(np.float64)
+    table = model.model.rotary_emb.table.numpy()
+    angles = np.outer(np.arange(BLOCK), 10000.0 ** (-np.arange(0, D // H, 2) / (D // H)))
+    angles = np.concatenate([angles, angles], axis=-1)
+    assert table.dtype == np.float64
+    np.testing.assert_allclose(table, np.stack([np.cos(angles), np.sin(angles)]), rtol=0, atol=1e-15)
+    half = model.to("bf16").model.rotary_emb.table.numpy()
+    np.testing.assert_array_equal(half, np.stack([np.cos(angles), np.sin(angles)]).astype(half.dtype))
+
+
 def test_grouped_queries_save_fewer_key_and_value_bytes():
     idx, targets = batch(B=2, T=12)
     peaks = {}

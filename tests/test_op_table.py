@@ -38,6 +38,7 @@ from needs import TORCH_MISSING
 import tinygrad_ckpt as tg
 from tinygrad_ckpt import functional as F
 from tinygrad_ckpt import ops
+from tinygrad_ckpt.checks import BFLOAT16
 from tinygrad_ckpt.engine.function import Function
 
 try:
@@ -907,6 +908,40 @@ def test_float64_gradients_against_central_differences(row):
 
     check()
     against_central_differences(row, fixed(row.examples[0]))
+
+
+HALF_DTYPES = [f16, BFLOAT16]
+HALF_TOL = {np.dtype(f16): 2 ** -10, BFLOAT16: 2 ** -8}  # of the largest magnitude: about one rounding of the result
+HALF_CASES = {  # beside each row's examples, sizes where a sum kept in half precision drifts (bfloat16: 256 + 1 = 256)
+    "sum": [([(64, 48)], {"axis": None, "keepdims": False}), ([(64, 48)], {"axis": 0, "keepdims": True})],
+    "mean": [([(64, 48)], {"axis": None, "keepdims": False}), ([(64, 48)], {"axis": (0, 1), "keepdims": True})],
+    "cross_entropy": [([(8, 4000)], {"targets": np.arange(8) * 499, "ignore_index": -1})],
+}
+HALF_ROWS = [r for r in ROWS if r.name in HALF_CASES]
+
+
+@pytest.mark.parametrize("dtype", HALF_DTYPES, ids=["float16", "bfloat16"])
+@pytest.mark.parametrize("row", HALF_ROWS, ids=repr)
+def test_half_precision_reductions_against_float64(row, dtype):
+    """sum, mean and cross-entropy of half-precision inputs accumulate in float32, as PyTorch's kernels: the result
+    (in the input's dtype) and each gradient (in its leaf's) are the float64 reference of the same values within about
+    one rounding to that dtype."""
+    for example in row.examples + HALF_CASES[row.name]:
+        case = fixed(example)
+        halves = [a.astype(dtype) for a in inputs(row, case, (f64,) * len(case.shapes))]
+        results = []
+        for arrays in (halves, [a.astype(f64) for a in halves]):  # ours, then the reference of the same values
+            tensors = [tg.Tensor(a, requires_grad=True) for a in arrays]
+            out = row.ours(*tensors, **case.consts)
+            weight = np.random.default_rng(1).standard_normal(out.shape).astype(arrays[0].dtype)
+            (out * tg.Tensor(weight)).sum().backward()
+            results.append((out, [t.grad for t in tensors]))
+        (out, grads), (expected, expected_grads) = results
+        assert out.dtype == dtype and all(g.dtype == dtype for g in grads)
+        for got, want, what in [(out.numpy(), expected.numpy(), "output"), *zip(grads, expected_grads, ["grad"] * 9)]:
+            scale = max(1.0, float(np.abs(want).max(initial=0)))
+            np.testing.assert_allclose(got.astype(f64), want, rtol=0, atol=HALF_TOL[np.dtype(dtype)] * scale,
+                                       err_msg=f"{row.name} {what} in {np.dtype(dtype)}: {case.shapes} {case.consts}")
 
 
 def op_functions() -> set:

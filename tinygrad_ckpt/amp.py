@@ -8,12 +8,8 @@ module only opens the block. Master weights for half-precision parameters are th
 
 from __future__ import annotations
 
-import numpy as np
-
-from .checks import BFLOAT16, float_dtype
+from .checks import HALF_DTYPES, dtype_of
 from .state import patched
-
-_HALF = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": np.dtype(np.float16), "fp16": np.dtype(np.float16)}
 
 
 def autocast(dtype="bfloat16", enabled: bool = True):
@@ -25,8 +21,8 @@ def autocast(dtype="bfloat16", enabled: bool = True):
     off inside an enclosing block."""
     if not isinstance(enabled, bool):
         raise TypeError(f"autocast: enabled must be True or False, got {enabled!r}")
-    name = dtype if isinstance(dtype, str) else str(np.dtype(dtype)) if float_dtype(dtype) else None
-    if name not in _HALF:
-        raise ValueError(f"autocast: dtype must be 'bfloat16' or 'float16' (the half type matmuls run in), got "
-                         f"{dtype!r}")
-    return patched(autocast=_HALF[name] if enabled else None)
+    half = dtype_of("autocast", dtype)
+    if half not in HALF_DTYPES:
+        raise ValueError(f"autocast: dtype must be 'bfloat16' or 'float16' (also 'bf16', 'fp16': the half type "
+                         f"matmuls run in), got {dtype!r}")
+    return patched(autocast=half if enabled else None)

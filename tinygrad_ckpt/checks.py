@@ -26,6 +26,31 @@ def kind(dtype) -> str:
     return "f" if dtype == BFLOAT16 else dtype.kind
 
 
+FLOAT_NAMES = {"bfloat16": BFLOAT16, "bf16": BFLOAT16, "float16": np.dtype(np.float16), "fp16": np.dtype(np.float16),
+               "float32": np.dtype(np.float32), "fp32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+               "fp64": np.dtype(np.float64)}  # the names tg.autocast, Tensor.to and Module.to take
+HALF_DTYPES = (BFLOAT16, np.dtype(np.float16))  # half precision: 2 bytes, sums and master weights kept in float32
+_LISTED = ", ".join(repr(n) for n in FLOAT_NAMES)
+
+
+def dtype_of(where: str, dtype) -> np.dtype:
+    """The dtype `dtype` stands for: a NumPy dtype or type (np.float32, BFLOAT16, "int64") or one of FLOAT_NAMES
+    ("bf16", "fp32", ...). TypeError naming the call for anything else, and for a dtype that is not a real number's
+    (complex, object: the engine differentiates real tensors only)."""
+    if isinstance(dtype, str) and dtype in FLOAT_NAMES:
+        return FLOAT_NAMES[dtype]
+    try:
+        found = np.dtype(dtype) if dtype is not None else None  # np.dtype(None) would be float64
+    except (TypeError, ValueError):
+        found = None
+    if found is None:
+        raise TypeError(f"{where}: {dtype!r} is not a dtype; pass a NumPy dtype such as np.float32 or one of {_LISTED}")
+    if kind(found) not in "biuf":
+        raise TypeError(f"{where}: dtype {found} is not supported (tensors hold real numbers: bool, integers or "
+                        f"floating point); pass a NumPy real dtype or one of {_LISTED}")
+    return found
+
+
 def float_dtype(dtype) -> bool:
     """Does `dtype` name a floating-point dtype (np.float32, "float16", "bfloat16")?"""
     try:

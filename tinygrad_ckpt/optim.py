@@ -17,7 +17,7 @@ import numpy as np
 
 from . import state
 from .backend import kernels, xp
-from .checks import float_dtype, number
+from .checks import HALF_DTYPES, float_dtype, number
 from .engine import observe
 from .engine.tensor import Tensor, increment_version
 
@@ -88,8 +88,9 @@ def _sigint_held():
 
 
 class Optimizer:
-    """`master_weights=True` keeps a float32 copy of each half-precision parameter (mixed precision: the optimizer
-    state ":master"), updates it in float32 and writes the parameter back rounded, each step."""
+    """`master_weights=True` keeps a float32 copy of each half-precision (bfloat16, float16) parameter (mixed
+    precision: the optimizer state ":master"), updates it in float32 and writes the parameter back rounded, each
+    step; float32 and float64 parameters are updated in place as without it."""
 
     def __init__(self, params, lr: float, state_dtype=None, master_weights: bool = False):
         name = type(self).__name__
@@ -124,11 +125,16 @@ class Optimizer:
         """Arithmetic operations `update` spends on one element of a parameter."""
         raise NotImplementedError
 
+    def mastered(self, p) -> bool:
+        """Does p get a float32 master copy? Under master weights, when it is half precision."""
+        return self.master_weights and p.dtype in HALF_DTYPES
+
     def state_dtype_of(self, p):
-        """The dtype of p's states: `state_dtype`, else float32 under master weights, else p's own (PyTorch's)."""
+        """The dtype of p's states: `state_dtype`, else float32 for a mastered half parameter, else p's own
+        (PyTorch's)."""
         if self.state_dtype is not None:
             return self.state_dtype
-        return np.float32 if self.master_weights else p.dtype
+        return np.float32 if self.mastered(p) else p.dtype
 
     def _state(self, p, **names):
         """The state arrays of parameter p, created on first use: zeros, and with master weights p's values in
@@ -137,7 +143,7 @@ class Optimizer:
         if st is None:
             dtype = self.state_dtype_of(p)
             st = {k: xp().zeros(p.shape, dtype=dtype) for k in names}
-            if self.master_weights:
+            if self.mastered(p):
                 st["master"] = p.data.astype(np.float32)
             for k, a in st.items():
                 observe.alloc(a, "optimizer", p.name or "param", k, self.kind)
@@ -145,8 +151,8 @@ class Optimizer:
         return st
 
     def _updated(self, p):
-        """The array an update writes: p's float32 master copy under master weights, else p's data."""
-        return self.state[id(p)]["master"] if self.master_weights else p.data
+        """The array an update writes: p's float32 master copy if it has one, else p's data."""
+        return self.state[id(p)]["master"] if self.mastered(p) else p.data
 
     def step(self) -> None:
         """Update every parameter that has a gradient. A Ctrl-C during the step is held until the step ends (on the
@@ -157,9 +163,9 @@ class Optimizer:
             for p in self.params:
                 if p.grad is not None:
                     arrays = (p.data, p.grad, *self.state.get(id(p), {}).values())  # what the update reads and writes
-                    with observe.update(kind, p.name or "param", (flops + self.master_weights) * p.size, arrays):
+                    with observe.update(kind, p.name or "param", (flops + self.mastered(p)) * p.size, arrays):
                         self.update(p, p.grad)
-                        if self.master_weights:
+                        if self.mastered(p):
                             p.data[...] = self.state[id(p)]["master"]  # the half weights, refreshed (rounded)
                     increment_version(p)
 

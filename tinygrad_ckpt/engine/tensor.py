@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import backend, state
-from ..checks import kind
+from ..checks import dtype_of, kind
 from . import observe
 from .arraylike import ArrayLike
 from .tape import Tape, backward_steps, graph, run_steps
@@ -31,12 +31,22 @@ def _as_array(data, dtype):
         raise TypeError(f"Tensor(data): data is already a Tensor ({list(data.shape)} {data.dtype}); use t.detach() for "
                         "a tensor of the same data cut from the graph, or tg.Tensor(t.numpy().copy()) for a copy")
     be = backend.current()
+    dtype = None if dtype is None else dtype_of("Tensor(dtype=...)", dtype)
+    found = data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype
+    _refuse_complex("Tensor(data)", found)
     if be.is_array(data):
         return data if dtype is None or data.dtype == dtype else data.astype(dtype)
     if dtype is None and not isinstance(data, np.ndarray):
-        found = data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype
         dtype = np.float32 if found == np.float64 else found
     return be.asarray(data, dtype=dtype)
+
+
+def _refuse_complex(call: str, dtype) -> None:
+    """TypeError naming the call for complex values, which converting to a real dtype would cut to their real part
+    (with only NumPy's ComplexWarning)."""
+    if getattr(dtype, "kind", None) == "c" or dtype is complex:
+        raise TypeError(f"{call}: complex values ({dtype}) are not supported: tensors are real, and converting would "
+                        "drop the imaginary part; pass x.real, abs(x) or the two parts as separate tensors")
 
 
 class Tensor:
@@ -149,7 +159,7 @@ class Tensor:
         return self
 
     def _check_differentiable(self, call: str) -> None:
-        if kind(self.dtype) not in "fc":
+        if kind(self.dtype) != "f":
             self.requires_grad = False
             raise TypeError(
                 f"{call}: only floating-point tensors can require gradients, got dtype {self.dtype} "
@@ -183,6 +193,7 @@ class Tensor:
                     f"{list(leaf.shape)}, taken before requires_grad was set or under no_grad. Change it under "
                     "`with tg.no_grad():`, or change a copy."
                 )
+        _refuse_complex(method, other.dtype if hasattr(other, "dtype") else type(other))
         update(self.data, _raw(other))
         observe.used(self.data, _raw(other))
         increment_version(self)
@@ -291,8 +302,8 @@ class Tensor:
 
     def to(self, dtype) -> Tensor:
         """This tensor in `dtype` (itself if it has it), as PyTorch's .to(dtype): on the graph, its gradient cast
-        back."""
-        dtype = np.dtype(dtype)
+        back. `dtype`: a NumPy dtype or one of autocast's names ("bf16", "bfloat16", "fp16", "fp32", ...)."""
+        dtype = dtype_of("Tensor.to", dtype)
         return self if dtype == self.dtype else ops.Cast.apply(self, dtype=dtype)
 
     def sum(self, axis=None, keepdims=False):
@@ -367,6 +378,7 @@ def _seed_gradient(tensor: Tensor, grad):
             raise TypeError(f"backward(grad): grad must be a {be.name} array or a Tensor of shape "
                             f"{list(tensor.shape)}, got {type(grad).__name__}")
         grad = be.asarray(grad)
+    _refuse_complex("backward(grad)", grad.dtype)
     if tuple(grad.shape) != tensor.shape:
         raise ValueError(f"backward(grad): grad has shape {list(grad.shape)}, the tensor {list(tensor.shape)}; "
                          "pass the gradient of the loss with respect to this tensor, of its shape")

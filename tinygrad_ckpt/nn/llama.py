@@ -48,6 +48,10 @@ class RotaryEmbedding(Module):
         self.head_dim, self.max_positions, self.base = head_dim, max_positions, base
         self.register_buffer("table", Tensor(rotary_table(head_dim, max_positions, base, dtype)))
 
+    def buffer_in(self, key: str, dtype):
+        """The table made again in `dtype` (from float64, rounded once), not its old values converted."""
+        return rotary_table(self.head_dim, self.max_positions, self.base, dtype)
+
     def extra_repr(self) -> str:
         return f"head_dim={self.head_dim}, positions={self.max_positions}, base={self.base:g}"
 

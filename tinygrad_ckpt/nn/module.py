@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import backend
 from .. import functional as F
-from ..checks import float_dtype, kind, number
+from ..checks import FLOAT_NAMES, dtype_of, float_dtype, kind, number
 from ..engine.tensor import Parameter, Tensor
 from ..state import name_scope
 
@@ -198,13 +198,26 @@ class Module:
             p.data[...] = value
 
     def to(self, dtype) -> Module:
-        """Convert every parameter and floating buffer to `dtype` (e.g. np.float64 for gradient checks)."""
+        """Convert every parameter and floating buffer to the floating-point `dtype` (e.g. np.float64 for gradient
+        checks; autocast's names too: "bf16", "fp32", ...). A buffer derived from constants (the rotary table) is
+        computed again in `dtype` (`buffer_in`), not rounded from its old precision."""
+        dtype = dtype_of("Module.to", dtype)
+        if not float_dtype(dtype):
+            raise TypeError(f"Module.to: dtype {dtype} is not floating point: parameters need gradients, and "
+                            f"converting would cut their values; pass one of {', '.join(map(repr, FLOAT_NAMES))} "
+                            "(or a NumPy floating dtype)")
         for p in self.parameters():
             p.data = p.data.astype(dtype)
-        for _, b in self.named_buffers():
-            if kind(b.dtype) == "f":
-                b.data = b.data.astype(dtype)
+        for _, module in self.named_modules():
+            for key, b in module._buffers.items():
+                if kind(b.dtype) == "f":
+                    b.data = module.buffer_in(key, dtype)
         return self
+
+    def buffer_in(self, key: str, dtype):
+        """This module's buffer `key` in `dtype`, for `to`: its values converted. A module whose buffer is derived
+        (RotaryEmbedding's table) computes it again at that precision."""
+        return self._buffers[key].data.astype(dtype)
 
     def train(self, mode: bool = True) -> Module:
         for _, m in self.named_modules():

@@ -5,9 +5,11 @@ from __future__ import annotations
 import math
 import operator
 
+import numpy as np
+
 from .. import backend
 from ..backend import unbroadcast, xp  # noqa: F401  (unbroadcast: ops import it from here)
-from ..checks import kind
+from ..checks import HALF_DTYPES, kind
 
 
 def numel(shape) -> int:
@@ -17,6 +19,21 @@ def numel(shape) -> int:
 def constant(value, like):
     """A 0-d array holding `value` in the dtype of `like` (so float32 stays float32)."""
     return xp().asarray(value, dtype=like.dtype)
+
+
+def accumulation_dtype(dtype):
+    """The dtype a sum over many elements runs in, as in PyTorch's kernels: float32 for half precision (bfloat16 keeps
+    8 bits: 256 + 1 rounds back to 256), a dtype's own otherwise."""
+    return np.dtype(np.float32) if dtype in HALF_DTYPES else dtype
+
+
+def accumulated(method: str, x, axes, keepdims: bool):
+    """x.sum or x.mean over `axes`, accumulated in accumulation_dtype(x.dtype) and rounded once to x's dtype (a
+    backend without values, meta, has only the result's dtype to give)."""
+    wide = accumulation_dtype(x.dtype)
+    if wide == x.dtype or not backend.current().has_values:
+        return getattr(x, method)(axis=axes, keepdims=keepdims)
+    return getattr(x, method)(axis=axes, keepdims=keepdims, dtype=wide).astype(x.dtype)
 
 
 def check_range(op: str, what: str, values, size: int, of: str, skip=None) -> None:

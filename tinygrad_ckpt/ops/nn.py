@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import backend
 from ..backend import kernels, xp
 from ..engine.function import Function
-from ._util import axis_of, check_float, check_range, numel
+from ._util import accumulation_dtype, axis_of, check_float, check_range, numel
 
 
 class GELU(Function):
@@ -125,8 +125,10 @@ class LogSoftmax(Function):
 
 class CrossEntropy(Function):
     """loss = mean over rows of (logΣ_c e^(x_c) - x_target), fused and stable; rows with target
-    == ignore_index do not count. Saves the logits (the caller keeps them anyway), the per-row
-    log-sum-exp and the targets: dL/dx = (softmax(x) - onehot(target)) · g / N."""
+    == ignore_index do not count. Half-precision logits are worked in float32 and the loss rounded once, as
+    PyTorch's kernels accumulate. Saves the logits (the caller keeps them anyway), the per-row
+    log-sum-exp (float32 for half logits) and the targets: dL/dx = (softmax(x) - onehot(target)) · g / N, in the
+    logits' dtype."""
 
     op = "cross_entropy"
 
@@ -141,12 +143,13 @@ class CrossEntropy(Function):
             raise TypeError(f"cross_entropy: targets must be integer class indices, got dtype {targets.dtype}")
         check_float("cross_entropy", logits)
         check_range("cross_entropy", "target", targets, logits.shape[1], "classes", skip=ignore_index)
-        m = logits.max(axis=1, keepdims=True)
-        lse = xp().log(xp().exp(logits - m).sum(axis=1, keepdims=True)) + m
+        x = logits.astype(accumulation_dtype(logits.dtype), copy=False)  # half precision: worked in float32
+        m = x.max(axis=1, keepdims=True)
+        lse = xp().log(xp().exp(x - m).sum(axis=1, keepdims=True)) + m
         valid = targets != ignore_index
         count = max(backend.current().count_nonzero_or(valid, otherwise=logits.shape[0]), 1)
         rows = xp().arange(logits.shape[0])
-        picked = logits[rows, xp().where(valid, targets, 0)]
+        picked = x[rows, xp().where(valid, targets, 0)]
         loss = ((lse[:, 0] - picked) * valid).sum() / count
         ctx.count = count
         ctx.save(logits=logits, lse=lse, targets=targets, valid=valid)
@@ -156,11 +159,11 @@ class CrossEntropy(Function):
     @staticmethod
     def backward(ctx, grad_out):
         logits, lse, targets, valid = (ctx.saved[k] for k in ("logits", "lse", "targets", "valid"))
-        grad = xp().exp(logits - lse)
+        grad = xp().exp(logits.astype(lse.dtype, copy=False) - lse)
         rows = xp().arange(logits.shape[0])
         grad[rows, xp().where(valid, targets, 0)] -= 1
-        grad *= (grad_out / ctx.count) * valid[:, None]
-        return grad, None
+        grad *= (grad_out.astype(lse.dtype, copy=False) / ctx.count) * valid[:, None]
+        return grad.astype(logits.dtype, copy=False), None
 
 
 class LayerNormOp(Function):

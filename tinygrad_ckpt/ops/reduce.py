@@ -6,7 +6,7 @@ import math
 
 from ..backend import xp
 from ..engine.function import Function
-from ._util import axes_of, check_float, numel
+from ._util import accumulated, axes_of, check_float, numel
 
 
 def _expand(grad_out, in_shape, axes, keepdims):
@@ -17,13 +17,13 @@ def _expand(grad_out, in_shape, axes, keepdims):
 
 
 class Sum(Function):
-    """out = Σ_axes x. dL/dx = g broadcast back. Saves nothing."""
+    """out = Σ_axes x (half precision accumulated in float32). dL/dx = g broadcast back. Saves nothing."""
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
         ctx.axes, ctx.keepdims = axes_of("sum", axis, x.shape), keepdims
         ctx.flops = (numel(x.shape), 0)
-        return x.sum(axis=ctx.axes, keepdims=keepdims)
+        return accumulated("sum", x, ctx.axes, keepdims)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -31,7 +31,8 @@ class Sum(Function):
 
 
 class Mean(Function):
-    """out = Σ_axes x / n (floating point only, as in PyTorch). dL/dx = g/n broadcast back. Saves nothing."""
+    """out = Σ_axes x / n (floating point only, half precision accumulated in float32, as in PyTorch). dL/dx = g/n
+    broadcast back. Saves nothing."""
 
     @staticmethod
     def forward(ctx, x, axis=None, keepdims=False):
@@ -41,7 +42,7 @@ class Mean(Function):
         ctx.flops = (numel(x.shape), numel(x.shape))
         if ctx.count == 0:  # the mean of nothing is NaN, as in PyTorch (without NumPy's warning)
             return x.sum(axis=ctx.axes, keepdims=keepdims) * xp().asarray(math.nan, dtype=x.dtype)
-        return x.mean(axis=ctx.axes, keepdims=keepdims)
+        return accumulated("mean", x, ctx.axes, keepdims)
 
     @staticmethod
     def backward(ctx, grad_out):

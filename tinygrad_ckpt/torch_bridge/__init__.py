@@ -383,6 +383,7 @@ class TorchLlama(_EngineWeights, torch.nn.Module):
         self.register_buffer("cos_table", torch.from_numpy(np.cos(angles)).float(), persistent=False)
         self.register_buffer("sin_table", torch.from_numpy(np.sin(angles)).float(), persistent=False)
         self._angles = angles  # float64: the tables are rounded from these to the parameters' dtype
+        self._tables_dtype = torch.float32
         self.checkpoint, self.n_experts, self.k = checkpoint, n_experts, experts_per_token
         self.output_router_logits, self.router_aux_loss_coef, self.aux_loss = False, 0.001, None
         self.collecting = None
@@ -407,9 +408,10 @@ class TorchLlama(_EngineWeights, torch.nn.Module):
 
     def cos_sin(self, t: int):
         dtype = self.lm_head.weight.dtype
-        if self.cos_table.dtype != dtype:  # rounded once from float64, as the engine's table
-            self.cos_table = torch.from_numpy(np.cos(self._angles)).to(dtype)
+        if self._tables_dtype != dtype:  # rounded once from float64, as the engine's table (not by .to(), which
+            self.cos_table = torch.from_numpy(np.cos(self._angles)).to(dtype)  # converts the float32 values)
             self.sin_table = torch.from_numpy(np.sin(self._angles)).to(dtype)
+            self._tables_dtype = dtype
         return self.cos_table[:t], self.sin_table[:t]
 
     def forward(self, idx, targets=None):
