@@ -330,3 +330,24 @@ def test_master_weights_copy_only_half_parameters():
     for p, q in [(single, plain_single), (double, plain_double)]:
         assert set(opt.state[id(p)]) == {"m", "v"} and opt.state[id(p)]["m"].dtype == p.dtype
         np.testing.assert_array_equal(p.data, q.data)  # exactly the update without master weights
+
+
+def test_a_broadcast_gradient_adds_up_in_float32():
+    """The adjoint of broadcasting sums the gradient over the broadcast axes: in float32 for half precision (1000
+    bfloat16 ones add up to 256 in bfloat16), rounded once, as PyTorch's reduction kernels; on meta too."""
+    import ml_dtypes
+
+    from tinygrad_ckpt import backend
+
+    for dtype in (ml_dtypes.bfloat16, np.float16):
+        g = np.ones((1000, 3), dtype)
+        summed = backend.unbroadcast(g, (3,))
+        assert summed.dtype == np.dtype(dtype) and summed.tolist() == [1000, 1000, 1000]
+    b = tg.Tensor(np.zeros(3, ml_dtypes.bfloat16), requires_grad=True)
+    (tg.Tensor(np.ones((1000, 3), ml_dtypes.bfloat16)) + b).sum().backward()
+    assert b.grad.tolist() == [1000, 1000, 1000]
+    be = tg.use_backend("meta")
+    try:
+        assert backend.unbroadcast(be.xp.zeros((1000, 3), ml_dtypes.bfloat16), (3,)).dtype == ml_dtypes.bfloat16
+    finally:
+        tg.use_backend("numpy")

@@ -17,6 +17,7 @@ import os
 import numpy as np
 
 from .. import state
+from ..checks import HALF_DTYPES
 from . import allocator
 from .numpy_backend import Backend
 
@@ -77,8 +78,11 @@ def unbroadcast(grad, shape):
     axes = tuple(range(extra)) + tuple(
         extra + i for i, n in enumerate(shape) if n == 1 and grad.shape[extra + i] != 1
     )
-    grad = grad.sum(axis=axes, keepdims=True) if axes else grad
-    return grad.reshape(shape)
+    if not axes:
+        return grad.reshape(shape)
+    wide = np.float32 if grad.dtype in HALF_DTYPES else None  # half precision adds up in float32, as PyTorch's
+    summed = grad.sum(axis=axes, keepdims=True, dtype=wide)
+    return (summed if wide is None else summed.astype(grad.dtype)).reshape(shape)
 
 
 def zeros_view(shape, dtype):

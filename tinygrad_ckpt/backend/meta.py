@@ -195,8 +195,9 @@ def _elementwise(fn, args, out=None, name=None, scalar_result=True):
 
 
 @cache
-def _reduced_dtype(method: str, dtype: np.dtype) -> np.dtype:
-    return getattr(np.zeros(1, dtype=dtype), method)().dtype
+def _reduced_dtype(method: str, dtype: np.dtype, out_dtype=None) -> np.dtype:
+    kwargs = {} if out_dtype is None else {"dtype": out_dtype}  # sum(dtype=...): accumulate in, and give, that dtype
+    return getattr(np.zeros(1, dtype=dtype), method)(**kwargs).dtype
 
 
 # ---- the arrays --------------------------------------------------------------------------------
@@ -290,9 +291,9 @@ class MetaArray:
         return _matmul(self, other) if isinstance(other, (MetaArray, np.ndarray)) else NotImplemented
 
     # ---- reductions ------------------------------------------------------------------------
-    def _reduce(self, method, axis, keepdims):
+    def _reduce(self, method, axis, keepdims, dtype=None):
         axes = _axes(axis, self.ndim)
-        dtype = _reduced_dtype(method, self.dtype)
+        dtype = _reduced_dtype(method, self.dtype, None if dtype is None else np.dtype(dtype))
         kshape = tuple(1 if i in axes else n for i, n in enumerate(self.shape))
         keep = range(self.ndim) if keepdims else [i for i in range(self.ndim) if i not in axes]
         if not keep:
@@ -300,11 +301,11 @@ class MetaArray:
         strides = _order_strides(kshape, dtype.itemsize, [_strides_in(self, kshape)])
         return MetaArray(tuple(kshape[i] for i in keep), dtype, tuple(strides[i] for i in keep))
 
-    def sum(self, axis=None, keepdims=False):
-        return self._reduce("sum", axis, keepdims)
+    def sum(self, axis=None, keepdims=False, dtype=None):
+        return self._reduce("sum", axis, keepdims, dtype)
 
-    def mean(self, axis=None, keepdims=False):
-        return self._reduce("mean", axis, keepdims)
+    def mean(self, axis=None, keepdims=False, dtype=None):
+        return self._reduce("mean", axis, keepdims, dtype)
 
     def max(self, axis=None, keepdims=False):
         return self._reduce("max", axis, keepdims)

@@ -28,10 +28,9 @@ def accumulation_dtype(dtype):
 
 
 def accumulated(method: str, x, axes, keepdims: bool):
-    """x.sum or x.mean over `axes`, accumulated in accumulation_dtype(x.dtype) and rounded once to x's dtype (a
-    backend without values, meta, has only the result's dtype to give)."""
+    """x.sum or x.mean over `axes`, accumulated in accumulation_dtype(x.dtype) and rounded once to x's dtype."""
     wide = accumulation_dtype(x.dtype)
-    if wide == x.dtype or not backend.current().has_values:
+    if wide == x.dtype:
         return getattr(x, method)(axis=axes, keepdims=keepdims)
     return getattr(x, method)(axis=axes, keepdims=keepdims, dtype=wide).astype(x.dtype)
 
