@@ -139,3 +139,26 @@ def test_plan_works_inside_a_ledger_which_sees_none_of_it_and_under_no_grad():
     with tg.no_grad():  # the planner records with gradients on (it must, to measure); the caller's no_grad stays
         assert tg.plan(blocks, x, budget=10**9).describe() == expected
         assert not tg.is_grad_enabled()
+
+
+def test_run_plan_refuses_a_plan_for_another_number_of_blocks_naming_both():
+    blocks, x = _chain(5)
+    plan = tg.plan(blocks[:4], x, budget=10**9)
+    with pytest.raises(ValueError, match=r"run_plan: the plan \[0:4\)plain covers blocks \[0:4\) \(4 blocks\), "
+                                         r"but 5 blocks were given"):
+        tg.run_plan(blocks, x, plan)
+    with pytest.raises(ValueError, match=r"GPT\(checkpoint=\[0:4\)plain\): the plan covers blocks \[0:4\) "
+                                         r"\(4 blocks\), but the model has 5"):
+        tg.planner.plan_for(5, plan)
+
+
+def test_run_plan_takes_what_a_models_checkpoint_takes_and_refuses_the_rest_by_name():
+    blocks, x = _chain(4)
+    plain = tg.run_plan(blocks, x, tg.plan(blocks, x, budget=10**9)).numpy()
+    for spec in ("every_layer", "sqrt", 2, 4):
+        assert np.array_equal(tg.run_plan(blocks, x, spec).numpy(), plain), spec
+    for spec in ("sometimes", 0, 5, True, None):
+        with pytest.raises(ValueError, match=rf"run_plan: plan={spec!r} is not a plan for 4 blocks: give a planner "
+                                             r"Plan \(tg.plan\), 'every_layer', 'sqrt' or a number of segments from 1 "
+                                             "to 4"):
+            tg.run_plan(blocks, x, spec)

@@ -197,7 +197,9 @@ def plan_for(n: int, spec, owner: str = "GPT") -> Plan:
     segments, or a Plan of its own covering [0, n). `owner` names the caller in the error."""
     if isinstance(spec, Plan):
         if (spec.start, spec.stop) != (0, n):
-            raise ValueError(f"checkpoint plan {spec} does not cover the model's {n} blocks [0:{n})")
+            raise ValueError(f"{owner}(checkpoint={spec}): the plan covers blocks [{spec.start}:{spec.stop}) "
+                             f"({spec.stop - spec.start} blocks), but the model has {n}: make the plan for its {n} "
+                             "blocks")
         return spec
     if spec == "every_layer":
         return every_layer_plan(n)
