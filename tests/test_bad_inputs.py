@@ -434,6 +434,14 @@ def test_there_are_at_least_sixty_cases():
     (["estimate", "--layers", "4096", "--pipeline-parallel", "2", "--microbatches", "4"],
      "2 step(s) × 4 microbatch(es) × 2048 layers of one stage"),
     (["estimate", "--layers", "4", "--checkpoint", "100"], "--checkpoint 100: more segments than the 4 layers"),
+    (["estimate", "--arch", "llama", "--experts", "10000"],
+     "--layers 32 --experts 10000: this estimate would run 128,064 blocks"),
+    (["estimate", "--model", "mixtral-8x7b", "--experts", "10000"], "each layer's 10,000 experts running like 2,000"),
+    (["explore", "--arch", "llama", "--layers", "2", "--experts", "20000"], "--layers 2 --experts 20000: this explore"),
+    (["estimate", "--seq", "10000000", "--batch", "1000"],
+     "--seq 10000000 --batch 1000 --vocab 32000: this step would count about 2.1e+23 FLOPs and bytes, more than the "
+     "ledger's 64-bit counters hold"),
+    (["explore", "--vocab", "100000000000000"], "--vocab 100000000000000: this step would count"),
     (["explore", "--layers", "2", "--checkpoint", "none", "7"], "--checkpoint 7: more segments than the 2 layers"),
 ])
 def test_cli_answers_a_bad_argument_with_one_line(argv, words, capsys):

@@ -409,3 +409,16 @@ def test_errors_name_the_problem():
         ValueError, match=r"budget of 3 bytes: the minimum feasible peak is 7 bytes \(max_depth=0\)"
     ):
         plan_chain([LayerCost(10, 5, 2), LayerCost(1, 2, 1)], 3, max_depth=0)
+
+
+@pytest.mark.parametrize("budget, error, match", [
+    (float("nan"), ValueError, "got nan"), (float("inf"), ValueError, "got inf"), (-5, ValueError, "got -5"),
+    ("4MiB", TypeError, "number of bytes, got '4MiB' \\(str\\)"), (True, TypeError, "got True"),
+])
+def test_plan_chain_refuses_a_budget_that_is_not_bytes_by_name(budget, error, match):
+    with pytest.raises(error, match="plan_chain: budget_bytes must be a .*" + match):
+        plan_chain(uniform_costs(4), budget)
+
+
+def test_plan_chain_takes_a_fractional_budget_rounded_down():
+    assert plan_chain(uniform_costs(4), 4.9).describe() == plan_chain(uniform_costs(4), 4).describe()

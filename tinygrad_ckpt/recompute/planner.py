@@ -18,6 +18,7 @@ runs this model; ``plan_chain`` finds the least-recompute plan within a budget (
 from __future__ import annotations
 
 import math
+import numbers
 import sys
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -197,7 +198,9 @@ def plan_for(n: int, spec, owner: str = "GPT") -> Plan:
     segments, or a Plan of its own covering [0, n). `owner` names the caller in the error."""
     if isinstance(spec, Plan):
         if (spec.start, spec.stop) != (0, n):
-            raise ValueError(f"checkpoint plan {spec} does not cover the model's {n} blocks [0:{n})")
+            raise ValueError(f"{owner}(checkpoint={spec}): the plan covers blocks [{spec.start}:{spec.stop}) "
+                             f"({spec.stop - spec.start} blocks), but the model has {n}: make the plan for its {n} "
+                             "blocks")
         return spec
     if spec == "every_layer":
         return every_layer_plan(n)
@@ -417,8 +420,21 @@ def plan_chain(
     Among plans of equal recompute the lower peak wins (a sub-chain that fits all plain is run plain).
     """
     costs = list(costs)
+    budget_bytes = _checked_budget(budget_bytes)
     with _recursion_room(len(costs)):
         return _plan_chain(costs, budget_bytes, granularity, max_depth)
+
+
+def _checked_budget(budget_bytes) -> int:
+    """The budget as whole bytes (a fractional one rounded down), or an error naming it: plan_chain's budget must be
+    a finite, non-negative number."""
+    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, numbers.Real):
+        raise TypeError(f"plan_chain: budget_bytes must be a number of bytes, got {budget_bytes!r} "
+                        f"({type(budget_bytes).__name__}); tg.plan also reads sizes such as '4MiB'")
+    if not math.isfinite(budget_bytes) or budget_bytes < 0:
+        raise ValueError(f"plan_chain: budget_bytes must be a finite, non-negative number of bytes, got "
+                         f"{budget_bytes!r}: give the bytes the chain's activations may hold")
+    return int(budget_bytes)
 
 
 def _plan_chain(costs: list[LayerCost], budget_bytes: int, granularity: int | None, max_depth: int | None):

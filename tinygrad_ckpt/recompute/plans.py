@@ -16,9 +16,21 @@ def checkpoint_sequential(blocks, segments: int, x, **kwargs):
     return run_plan(blocks, x, sequential_plan(len(blocks), segments, last_plain=True), **kwargs)
 
 
-def run_plan(blocks, x, plan: Plan, **kwargs):
-    """Run `blocks` over x following a planner Plan, each checkpointed segment through `checkpoint` (nested
-    checkpoints for nested plans); kwargs go to every checkpoint (policy=, determinism_check=, ...)."""
+def run_plan(blocks, x, plan, **kwargs):
+    """Run `blocks` over x following `plan`, each checkpointed segment through `checkpoint` (nested checkpoints for
+    nested plans); kwargs go to every checkpoint (policy=, determinism_check=, ...). `plan` is what a model's
+    checkpoint= takes: a planner Plan made for these blocks, "every_layer", "sqrt" or a number of segments."""
+    blocks = list(blocks)
+    n = len(blocks)
+    if isinstance(plan, Plan) and (plan.start, plan.stop) != (0, n):
+        raise ValueError(f"run_plan: the plan {plan} covers blocks [{plan.start}:{plan.stop}) "
+                         f"({plan.stop - plan.start} blocks), but {n} blocks were given: run it over the blocks it "
+                         f"was made for, or make one for these {n} (tg.plan(blocks, x, budget))")
+    try:
+        plan = plan_for(n, plan)
+    except ValueError:
+        raise ValueError(f"run_plan: plan={plan!r} is not a plan for {n} blocks: give a planner Plan (tg.plan), "
+                         f"'every_layer', 'sqrt' or a number of segments from 1 to {n}") from None
     return plan.run(blocks, x, lambda run_chunk, x: checkpoint(run_chunk, x, **kwargs))
 
 

@@ -13,6 +13,7 @@ return."""
 from __future__ import annotations
 
 import json
+import math
 
 from ..units import format_bytes
 from . import devices
@@ -22,23 +23,49 @@ from .parallel import Parallelism
 from .report import device_fit, explore, measured, parallel_report, report, run_summary
 
 # A meta run costs about 4.5 ms and 0.1 MB per block it runs forward and backward (measured on 2026-12-01: 2048
-# layers, two steps, 19 s and 465 MB), whatever the sizes. The limit keeps a run under a minute and about 1 GB:
-# 4096 layers for `estimate` (far beyond the ~130 of today's largest models); the per-block numbers it reports do
-# not depend on the depth, so a deeper model is estimated from fewer layers.
+# layers, two steps, 19 s and 465 MB), whatever the sizes: its time is the number of ops it runs. The limit keeps a
+# run under a minute and about 1 GB: 4096 layers for `estimate` (far beyond the ~130 of today's largest models); the
+# per-block numbers it reports do not depend on the depth, so a deeper model is estimated from fewer layers.
 MAX_BLOCK_RUNS = 8192
+# A mixture of experts runs every expert of a layer on the meta backend (tokens routed evenly): 13 ops each beside
+# a block's 58-73, so an expert counts as a fifth of a block (timed: Llama 2 layers × 128 experts ≈ 52 GPT blocks).
+EXPERT_SHARE = 1 / 5
+# The ledger counts FLOPs and bytes in 64-bit integers: a step whose numbers pass this would be reported wrong or
+# stop half-way, whatever the time.
+MAX_COUNT = 2**63 - 1
 
 
-def check_cost(fail, args, passes: int, layers: int, what: str) -> None:
-    """Refuse, in one line, a meta run of more than MAX_BLOCK_RUNS blocks (`passes` × `layers`): it would take
-    minutes to hours."""
-    runs = passes * layers
+def check_cost(fail, args, shape, passes: int, layers: int, what: str) -> None:
+    """Refuse, in one line, a meta run of more than MAX_BLOCK_RUNS blocks (`passes` × `layers`, a layer of E experts
+    counting 1 + E·EXPERT_SHARE blocks): it would take minutes to hours; then a step the ledger cannot count
+    (check_size)."""
+    experts = getattr(shape, "n_experts", 0)
+    runs = math.ceil(passes * layers * (1 + experts * EXPERT_SHARE))
     if runs > MAX_BLOCK_RUNS:
         seconds = runs * 0.0045
         took = f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:,.0f} min"
-        fail(f"--layers {args.layers or layers}: this {args.command} would run {runs:,} blocks on the meta "
-                     f"backend ({what}; about {took} and {runs * 0.1 / 1000:,.1f} GB), more than the limit of "
-                     f"{MAX_BLOCK_RUNS:,}. The per-block numbers do not depend on the depth: measure fewer layers "
-                     "and scale")
+        flags = f"--layers {args.layers or layers}" + (f" --experts {experts}" if experts else "")
+        if experts:
+            what += f", each layer's {experts:,} experts running like {experts * EXPERT_SHARE:,.0f} more blocks"
+        fail(f"{flags}: this {args.command} would run {runs:,} blocks on the meta backend ({what}; about {took} and "
+             f"{runs * 0.1 / 1000:,.1f} GB), more than the limit of {MAX_BLOCK_RUNS:,}. The per-block numbers do not "
+             "depend on the depth: measure fewer layers" + (" or experts" if experts else "") + " and scale")
+    check_size(fail, shape)
+
+
+def check_size(fail, shape) -> None:
+    """Refuse, in one line, a step whose FLOPs or bytes the ledger cannot count (more than MAX_COUNT): about 4×
+    the forward's matmul FLOPs (forward, backward, a replay) and 32 B a parameter (weights, gradients, states)."""
+    if isinstance(shape, est.LlamaShape):
+        forward = shape.n_layer * sum(est.llama_forward_flops_terms(shape).values()) \
+            + 2 * shape.batch * shape.seq_len * shape.d_model * shape.vocab_size
+    else:
+        forward = est.gpt_forward_flops(shape)
+    size = 4 * forward + 32 * est.parameter_count(shape)
+    if size > MAX_COUNT:
+        fail(f"--seq {shape.seq_len} --batch {shape.batch} --vocab {shape.vocab_size}: this step would count about "
+             f"{size:.1e} FLOPs and bytes, more than the ledger's 64-bit counters hold ({MAX_COUNT:.1e}); lower "
+             "--seq, --batch or --vocab (the numbers per token scale)")
 
 
 # the seed's 7B example: what a shape flag is when neither it nor --model says
@@ -135,8 +162,8 @@ def explore_command(fail, args) -> int:
     plans = args.checkpoint
     for plan in plans:
         _check_segments(fail, plan, shape.n_layer)
-    check_cost(fail, args, 1 + len(plans), shape.n_layer, f"a first step, then one per plan: {1 + len(plans)} "
-               f"× {shape.n_layer} layers")
+    check_cost(fail, args, shape, 1 + len(plans), shape.n_layer,
+               f"a first step, then one per plan: {1 + len(plans)} × {shape.n_layer} layers")
     try:
         written = explore(shape, args.optimizer, plans, args.out, args.memory_viz, **run)
     except OSError as exc:
@@ -171,7 +198,7 @@ def estimate_command(fail, args) -> int:
 
 def _estimate_one_device(fail, args, shape, assumed, run, checkpoint, device, capacity, steps) -> None:
     """Measure the steady step under `checkpoint` (or the plan --budget finds) and print its report or JSON."""
-    check_cost(fail, args, steps if args.budget is None else steps + 12, shape.n_layer,
+    check_cost(fail, args, shape, steps if args.budget is None else steps + 12, shape.n_layer,
                f"{steps} step(s) × {shape.n_layer} layers" + ("" if args.budget is None else
                                                               " + about 12 plans measured for --budget"))
     step = SteadyStep(shape, args.optimizer, **run)
@@ -204,10 +231,11 @@ def _estimate_shard(fail, args, shape, assumed, run, checkpoint, device, capacit
         for field, flag in _PARALLEL_FLAGS.items():  # Parallelism's field names, as the flags that set them
             message = message.replace(field, flag)
         fail(message)
-    check_cost(fail, args, steps * par.microbatches * par.virtual, shape.n_layer // (par.pipeline * par.virtual),
-               f"{steps} step(s) × {par.microbatches} microbatch(es) × {shape.n_layer // par.pipeline} layers of one "
-               "stage" if par.virtual == 1 else f"{steps} step(s) × {par.microbatches} microbatch(es) × "
-               f"{par.virtual} chunks × {shape.n_layer // (par.pipeline * par.virtual)} layers of one chunk")
+    chunk_layers = shape.n_layer // (par.pipeline * par.virtual)
+    what = (f"{steps} step(s) × {par.microbatches} microbatch(es) × {shape.n_layer // par.pipeline} layers of one "
+            "stage" if par.virtual == 1 else f"{steps} step(s) × {par.microbatches} microbatch(es) × "
+            f"{par.virtual} chunks × {chunk_layers} layers of one chunk")
+    check_cost(fail, args, shape, steps * par.microbatches * par.virtual, chunk_layers, what)
     if not isinstance(checkpoint, str) or checkpoint not in ("none", "selective", "every_layer"):
         fail(f"--checkpoint {checkpoint} with parallelism: choose none, selective or every_layer")
     print(parallel_report(shape, par, args.optimizer, checkpoint, capacity, device=device,

@@ -393,35 +393,71 @@ def block_costs(blocks, x) -> list[LayerCost]:
     """The planner's costs of each block of a chain (your own model's layers: blocks[k] takes one Tensor, the output
     of blocks[k - 1], and returns one; x is blocks[0]'s input, a Tensor or an array), measured on x under a ledger:
     each block runs once plainly (f_k its forward FLOPs, a_k the bytes its ops save for backward, b_k its input's
-    bytes) and once checkpointed with a backward (t_k: f_k less the FLOPs its replay ran). The blocks' parameters
-    keep the gradients they had: what these runs add is taken back."""
-    from ..recompute.checkpoint import checkpoint
+    bytes) and once checkpointed with a backward (t_k: f_k less the FLOPs its replay ran).
 
+    It measures apart from the caller's run (`_apart`): every gradient, the engine's RNG state and the parameters are
+    as they were when it returns or raises; an open Ledger sees none of its work (its own ledgers record it, so the
+    caller's peak does not include it); under no_grad it records with gradients on, as it must to measure."""
     blocks = list(blocks)
     if not blocks or not all(callable(b) for b in blocks):
         raise TypeError(f"block_costs: blocks must be a non-empty list of callables (your model's layers), got "
                         f"{[type(b).__name__ for b in blocks] or 'an empty list'}")
     h = x if isinstance(x, Tensor) else Tensor(x)
     costs = []
-    for k, block in enumerate(blocks):
-        params = list(block.parameters()) if hasattr(block, "parameters") else []
-        grads = [p.grad for p in params]
-        h_in = Tensor(h.data, requires_grad=True)  # a leaf of this run: a save of the block's input counts here
-        with Ledger() as plain:
-            out = block(h_in)
-        if not isinstance(out, Tensor):
-            raise TypeError(f"block_costs: blocks[{k}] returned {type(out).__name__}, not a Tensor: a chain's blocks "
-                            "take and return one Tensor each")
-        with Ledger() as replayed:
-            checkpoint(block, h_in).sum().backward()
-        for p, g in zip(params, grads):
-            p.grad = g
-        f = plain.flops("forward")
-        costs.append(LayerCost(f, plain.live_bytes("activation"), int(h.data.nbytes),
-                               max(0, f - replayed.flops("recompute"))))
-        h = Tensor(out.data)  # the next block's input, without this run's graph
-        del out, plain, replayed
+    with _apart() as kept_grads:
+        for k, block in enumerate(blocks):
+            cost, h = _block_cost(k, block, h, kept_grads)
+            costs.append(cost)
     return costs
+
+
+@contextlib.contextmanager
+def _apart():
+    """A `with` block that runs apart from the caller's run: no observer of the caller's (an open Ledger, a
+    checkpoint) sees it, gradients are on, and on the way out, also by an exception, the engine's RNG state is put
+    back and every leaf in the dict it yields ({id: (leaf, its .grad before)}) gets its gradient back (the same
+    array: the work's backward ran with .grad None, so nothing was added into it)."""
+    rng, kept_grads = backend.get_rng_state(), {}
+    with state.patched(observers=[], grad_enabled=True, segments=0):
+        try:
+            yield kept_grads
+        finally:
+            for leaf, grad in kept_grads.values():
+                leaf.grad = grad
+            backend.set_rng_state(rng)
+
+
+def _block_cost(k: int, block, h: Tensor, kept_grads: dict) -> tuple[LayerCost, Tensor]:
+    """(block k's LayerCost, the next block's input, cut from this run's graph), measured on input h; the leaves
+    the block reaches have their gradients set aside in kept_grads first (`_apart` puts them back)."""
+    from ..recompute.checkpoint import checkpoint
+
+    h_in = Tensor(h.data, requires_grad=True)  # a leaf of this run: a save of the block's input counts here
+    with Ledger() as plain:
+        out = block(h_in)
+    if not isinstance(out, Tensor):
+        raise TypeError(f"block_costs: blocks[{k}] returned {type(out).__name__}, not a Tensor: a chain's blocks "
+                        "take and return one Tensor each")
+    leaves = [*_leaves_of(out), *(block.parameters() if hasattr(block, "parameters") else ())]
+    for leaf in leaves:
+        if leaf is not h_in and id(leaf) not in kept_grads:
+            kept_grads[id(leaf)] = (leaf, leaf.grad)
+        leaf.grad = None
+    with Ledger() as replayed:
+        checkpoint(block, h_in).sum().backward()
+    for leaf in leaves:
+        leaf.grad = None  # this run's gradients: not the caller's, and not held while the next block is measured
+    f = plain.flops("forward")
+    cost = LayerCost(f, plain.live_bytes("activation"), int(h.data.nbytes), max(0, f - replayed.flops("recompute")))
+    return cost, Tensor(out.data)
+
+
+def _leaves_of(out: Tensor) -> list:
+    """The leaf tensors out's graph reads that take a gradient (a block's parameters, and any other leaf it uses)."""
+    from ..engine.tape import graph
+
+    return [edge() for entry in graph([out]) for edge in entry.inputs
+            if edge is not None and edge.is_leaf and edge() is not None]
 
 
 def plan(blocks, x, budget, max_depth: int | None = None):
@@ -430,6 +466,7 @@ def plan(blocks, x, budget, max_depth: int | None = None):
     planner.plan_chain). Run it with tg.run_plan(blocks, x, plan); nn.GPT and nn.Llama take it as checkpoint=.
     The budget covers what the blocks save for backward (parameters, gradients and optimizer states come on top);
     one below the least any plan needs is refused with that least. max_depth caps nested checkpoints (None: any).
+    It may be called inside an open Ledger (which sees none of the measuring) or under no_grad (block_costs).
 
         plan = tg.plan(blocks, x, budget="2MiB")   # e.g. [0:2)ckpt [2:4)ckpt [4:5)plain
         y = tg.run_plan(blocks, x, plan)
