@@ -256,3 +256,18 @@ def test_a_llama_trains_under_autocast_its_rotary_table_in_the_activations_dtype
         if backend_name == "numpy":
             assert abs(loss.item() - plain.item()) < 0.02 * abs(plain.item())
             assert all(np.isfinite(p.grad).all() for p in model.parameters())
+
+
+def test_one_autocast_object_reenters_and_is_reused_as_pytorchs():
+    """nanoGPT's `ctx = autocast(...)` entered once per step, and inside itself: each exit restores what its entry
+    found (issue 38)."""
+    ctx = tg.autocast("bfloat16")
+    for _ in range(2):
+        with ctx:
+            assert tg.state.local.autocast == BFLOAT16
+            with ctx, tg.autocast("bfloat16", enabled=False):
+                assert tg.state.local.autocast is None
+            with ctx:
+                assert tg.state.local.autocast == BFLOAT16
+            assert tg.state.local.autocast == BFLOAT16
+        assert tg.state.local.autocast is None

@@ -370,6 +370,24 @@ def test_subtracting_bools_is_refused_as_in_pytorch():
             call()
 
 
+# ---- grad mode as a bare decorator ----------------------------------------------------------------------------------
+def test_no_grad_and_enable_grad_decorate_with_or_without_parentheses_as_pytorchs():
+    @tg.no_grad
+    def quiet():
+        return tg.is_grad_enabled()
+
+    @tg.enable_grad
+    def loud():
+        return tg.is_grad_enabled()
+
+    assert quiet.__name__ == "quiet" and quiet() is False and tg.is_grad_enabled()
+    with tg.no_grad():
+        assert loud() is True and not tg.is_grad_enabled()
+    with pytest.raises(TypeError, match=r"no_grad: takes no argument .* got False; .* tg.set_grad_enabled\(flag\)"):
+        tg.no_grad(False)
+    assert tg.is_grad_enabled()
+
+
 # ---- grad mode in generators and coroutines -------------------------------------------------------------------------
 def test_no_grad_on_a_generator_holds_inside_each_resumption_only():
     @tg.no_grad()
