@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -368,6 +369,23 @@ def test_subtracting_bools_is_refused_as_in_pytorch():
     for call in (lambda: mask - mask, lambda: 1.0 - mask, lambda: leaf(2) - mask, lambda: leaf(2) - True):
         with pytest.raises(TypeError, match="sub: cannot subtract with a bool operand"):
             call()
+
+
+# ---- .grad of a tensor an op made ------------------------------------------------------------------------------------
+def test_reading_grad_of_a_non_leaf_warns_as_pytorch_and_a_leafs_is_quiet():
+    x = leaf(3)
+    h = x * 2.0
+    words = (r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed "
+             r".*'tensor' \[3\] was made by 'scale'.*h = h\.detach\(\)\.requires_grad_\(\)")
+    with pytest.warns(UserWarning, match=words):
+        assert h.grad is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert x.grad is None  # a leaf: quiet
+        h.sum().backward()
+        assert x.grad is not None
+        with tg.Ledger():  # a Ledger entered now reads every live tensor's gradient without a word
+            pass
 
 
 # ---- grad mode as a bare decorator ----------------------------------------------------------------------------------

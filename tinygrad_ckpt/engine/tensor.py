@@ -16,6 +16,8 @@ operator defer to the tensor (`np_array + t` is a Tensor on the graph).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import backend, state
@@ -37,6 +39,12 @@ def _as_array(data, dtype):
         found = data.dtype if hasattr(data, "dtype") else np.asarray(data).dtype
         dtype = np.float32 if found == np.float64 else found
     return be.asarray(data, dtype=dtype)
+
+
+_NOT_A_LEAF = ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed (PyTorch's words): "
+               "'{}' {} was made by '{}', and backward fills .grad of leaves only, so it stays None. Read the .grad "
+               "of the leaf (a parameter, an input made with requires_grad=True), or make this one a leaf where it "
+               "is made: h = h.detach().requires_grad_()")
 
 
 class Tensor:
@@ -74,6 +82,10 @@ class Tensor:
     # ---- autograd -------------------------------------------------------------------------
     @property
     def grad(self):
+        """The gradient backward accumulated (leaves only). Read on a tensor an op made, it warns, as PyTorch's."""
+        if self._grad is None and self._entry is not None:
+            warnings.warn(_NOT_A_LEAF.format(self.name or "tensor", list(self.shape), self._entry.name), UserWarning,
+                          stacklevel=2)
         return self._grad
 
     @grad.setter
