@@ -371,6 +371,22 @@ def test_subtracting_bools_is_refused_as_in_pytorch():
             call()
 
 
+# ---- contiguous -----------------------------------------------------------------------------------------------------
+def test_contiguous_makes_a_permuted_tensor_viewable_as_pytorchs_and_keeps_a_laid_out_one():
+    x = leaf(2, 3, 4)
+    flat = x.permute(2, 0, 1).contiguous().view(-1)  # nanoGPT's y.transpose(1, 2).contiguous().view(B, T, C)
+    np.testing.assert_array_equal(flat.numpy(), x.data.transpose(2, 0, 1).reshape(-1))
+    (flat * np.arange(24.0)).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.arange(24.0).reshape(4, 2, 3).transpose(1, 2, 0))
+    assert x.contiguous() is x and x[:, 1:2].contiguous() is not x
+    tg.use_backend("meta")
+    try:
+        m = tg.Tensor(np.zeros((2, 3), np.float32)).T.contiguous().view(6)
+        assert m.shape == (6,)
+    finally:
+        tg.use_backend("numpy")
+
+
 # ---- .grad of a tensor an op made ------------------------------------------------------------------------------------
 def test_reading_grad_of_a_non_leaf_warns_as_pytorch_and_a_leafs_is_quiet():
     x = leaf(3)

@@ -325,6 +325,11 @@ class Tensor:
         copies)."""
         return ops.view(self, _shape(shape))
 
+    def contiguous(self):
+        """This tensor in row-major layout, as PyTorch's: itself where it is so already, else a copy on the graph (what
+        .view() needs after a permute or a transpose)."""
+        return self if ops.movement.is_contiguous(self.data) else ops.movement.Contiguous.apply(self)
+
     def permute(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])

@@ -1,5 +1,5 @@
-"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, split, concatenation, embedding
-lookup.
+"""Ops that move data without arithmetic: reshape, contiguous, permute, swapaxes, indexing, split, concatenation,
+embedding lookup.
 
 Most return views of their input, which the ledger counts once with the input's buffer. None of
 them saves an array, except indexing with an integer array (it keeps the indices).
@@ -60,6 +60,32 @@ class View(Reshape):
                 f"{list(shape)} without a copy. Use .reshape(...) instead (it copies where it must)."
             )
         return out
+
+
+class Contiguous(Function):
+    """out = x laid out in row-major (C) order, in a new buffer: what .view() needs after a permute or a transpose
+    (Tensor.contiguous returns x itself where it is laid out so already, as PyTorch's). Saves nothing; dL/dx = g."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out
+
+
+def is_contiguous(a) -> bool:
+    """a is laid out in row-major order: each stride is the item size times the lengths of the axes after it (axes
+    of length 1 aside; an array of no elements is)."""
+    if 0 in a.shape:
+        return True
+    expected = np.dtype(a.dtype).itemsize
+    for n, stride in zip(reversed(a.shape), reversed(a.strides)):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
 
 
 class Permute(Function):
