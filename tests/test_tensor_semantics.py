@@ -371,6 +371,23 @@ def test_subtracting_bools_is_refused_as_in_pytorch():
             call()
 
 
+# ---- detach shares the version counter ------------------------------------------------------------------------------
+def test_a_change_through_detach_is_caught_in_backward_as_pytorchs():
+    x = leaf(3)
+    for which in ("leaf", "output"):  # a leaf's data (saved by the product), an op's output (saved by exp)
+        y = x.exp()
+        z = (y * x).exp()
+        saved = x if which == "leaf" else y
+        d = saved.detach()
+        before = saved._version
+        d.mul_(2.0)
+        assert d._version == saved._version == before + 1  # one counter for the tensor and its detach()
+        with pytest.raises(RuntimeError, match=r"saved .* changed in place afterwards .* Run backward\(\) before"):
+            z.sum().backward()
+        with tg.no_grad():
+            d.mul_(0.5)
+
+
 # ---- contiguous -----------------------------------------------------------------------------------------------------
 def test_contiguous_makes_a_permuted_tensor_viewable_as_pytorchs_and_keeps_a_laid_out_one():
     x = leaf(2, 3, 4)
