@@ -41,12 +41,6 @@ def _as_array(data, dtype):
     return be.asarray(data, dtype=dtype)
 
 
-_NOT_A_LEAF = ("The .grad attribute of a Tensor that is not a leaf Tensor is being accessed (PyTorch's words): "
-               "'{}' {} was made by '{}', and backward fills .grad of leaves only, so it stays None. Read the .grad "
-               "of the leaf (a parameter, an input made with requires_grad=True), or make this one a leaf where it "
-               "is made: h = h.detach().requires_grad_()")
-
-
 class Tensor:
     """An n-dimensional array that records the ops applied to it when it requires grad."""
 
@@ -84,8 +78,7 @@ class Tensor:
     def grad(self):
         """The gradient backward accumulated (leaves only). Read on a tensor an op made, it warns, as PyTorch's."""
         if self._grad is None and self._entry is not None:
-            warnings.warn(_NOT_A_LEAF.format(self.name or "tensor", list(self.shape), self._entry.name), UserWarning,
-                          stacklevel=2)
+            warnings.warn(_not_a_leaf(self), UserWarning, stacklevel=2)
         return self._grad
 
     @grad.setter
@@ -326,8 +319,7 @@ class Tensor:
         return ops.view(self, _shape(shape))
 
     def contiguous(self):
-        """This tensor in row-major layout, as PyTorch's: itself where it is so already, else a copy on the graph (what
-        .view() needs after a permute or a transpose)."""
+        """This tensor in row-major layout (itself if it is), as PyTorch's: what .view() needs after a permute."""
         return self if ops.movement.is_contiguous(self.data) else ops.movement.Contiguous.apply(self)
 
     def permute(self, *axes):
@@ -400,6 +392,13 @@ def _check_grad(tensor: Tensor, value) -> None:
         raise ValueError(f".grad of '{label}' must match the tensor: {list(tensor.shape)} "
                          f"{tensor.grad_dtype or tensor.dtype}, got "
                          f"{list(value.shape)} {value.dtype}.")
+
+
+def _not_a_leaf(t: Tensor) -> str:
+    return (f"The .grad attribute of a Tensor that is not a leaf Tensor is being accessed (PyTorch's words): "
+            f"'{t.name or 'tensor'}' {list(t.shape)} was made by '{t._entry.name}', and backward fills .grad of leaves "
+            "only, so it stays None. Read the .grad of the leaf (a parameter, an input made with requires_grad=True), "
+            "or make this one a leaf where it is made: h = h.detach().requires_grad_()")
 
 
 def _raw(x):
