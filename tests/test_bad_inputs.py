@@ -93,6 +93,11 @@ def _anomaly_log_negative():
         (leaf(3) - 5.0).log()
 
 
+def _named_block(x, name="inner"):
+    """A block with a parameter of its own called `name` (which checkpoint's `name=` would shadow)."""
+    return x * 2.0
+
+
 def _mixed_backends():
     a = tg.Tensor(np.ones(3))
     tg.use_backend("meta")
@@ -165,6 +170,14 @@ CASES = [
     ("max_two_axes", lambda m, i: leaf(2, 3).max(axis=(0, 1)), ValueError, r"max: axis .*\(0, 1\)"),
     ("sum_axis_out_of_range", lambda m, i: leaf(2, 3).sum(axis=5), ValueError, r"sum: axis 5 .*2 dimensions"),
     ("reshape_count", lambda m, i: leaf(2, 3).reshape(4, 2), ValueError, r"reshape: .*\[2, 3\].*\[4, 2\]"),
+    ("reshape_float_size", lambda m, i: leaf(2, 3).reshape(2.0, 3), TypeError,
+     r"reshape: sizes must be integers, got 2.0 \(float\) in \[2.0, 3\]; pass ints, e.g. x.reshape\(2, 3\)"),
+    ("view_float_size", lambda m, i: leaf(2, 3).view((6.5,)), TypeError, r"view: sizes must be integers, got 6.5"),
+    ("item_of_many", lambda m, i: leaf(2, 3).item(), RuntimeError,
+     r"item\(\): a Tensor with 6 elements \(shape \[2, 3\]\) cannot be converted.*t.sum\(\).item\(\)"),
+    ("checkpoint_name_shadows_fn_name", lambda m, i: tg.checkpoint(_named_block, leaf(3), name="blk"), TypeError,
+     r"checkpoint: name='blk' is checkpoint's own .* fn '_named_block' takes a parameter 'name' too.*"
+     r"functools.partial\(_named_block, name='blk'\)"),
     ("permute_not_a_permutation", lambda m, i: leaf(2, 3).permute(0, 0), ValueError, r"permute: \[0, 0\].*\[2, 3\]"),
     ("matmul_shapes", lambda m, i: leaf(2, 3) @ leaf(4, 5), ValueError, r"matmul: .*\[2, 3\] by \[4, 5\]"),
     ("broadcast_shapes", lambda m, i: leaf(2, 3) + leaf(4, 3), ValueError, r"add: shapes \[2, 3\] and \[4, 3\]"),
@@ -576,3 +589,12 @@ def test_ledger_queries_take_every_valid_name_and_none():
     assert led.saved_breakdown("module", depth=1) == led.saved_breakdown("module", depth=np.int64(1))
     assert tg.Ledger(capacity_bytes=np.int64(10**9)).capacity_bytes == 10**9
     assert tg.Ledger(capacity_bytes=np.float32(1e6)).capacity_bytes == 10**6
+
+
+def test_checkpoint_passes_name_to_fn_through_partial_and_names_the_entry():
+    """The fix the name clash error gives works: fn gets its `name`, the entry its own (issue 38)."""
+    import functools
+    seen = []
+    y = tg.checkpoint(functools.partial(lambda x, name: seen.append(name) or x * 2.0, name="fn's"), leaf(3), name="blk")
+    assert seen == ["fn's"] and y._entry.name == "blk.checkpoint"
+    assert tg.checkpoint(lambda x, **kw: x * 2.0, leaf(3), name="blk")._entry.name == "blk.checkpoint"  # no clash

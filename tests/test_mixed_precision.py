@@ -351,3 +351,18 @@ def test_a_broadcast_gradient_adds_up_in_float32():
         assert backend.unbroadcast(be.xp.zeros((1000, 3), ml_dtypes.bfloat16), (3,)).dtype == ml_dtypes.bfloat16
     finally:
         tg.use_backend("numpy")
+
+
+def test_one_autocast_object_reenters_and_is_reused_as_pytorchs():
+    """nanoGPT's `ctx = autocast(...)` entered once per step, and inside itself: each exit restores what its entry
+    found (issue 38)."""
+    ctx = tg.autocast("bfloat16")
+    for _ in range(2):
+        with ctx:
+            assert tg.state.local.autocast == BFLOAT16
+            with ctx, tg.autocast("bfloat16", enabled=False):
+                assert tg.state.local.autocast is None
+            with ctx:
+                assert tg.state.local.autocast == BFLOAT16
+            assert tg.state.local.autocast == BFLOAT16
+        assert tg.state.local.autocast is None

@@ -517,6 +517,10 @@ ROWS = [
         reshaped,
         [([(2, 3, 4)], {"target": (3, 8), "packed": False, "transposed": False})],
         ("view",), mixes=INTS),
+    Row("contiguous", lambda a, order: a.permute(order).contiguous().view(-1),
+        lambda t, a, order: a.permute(order).contiguous().view(-1), lambda d: [[s := shape(d)], {"order": tuple(
+            d(st.permutations(range(len(s)))))}],
+        [([(2, 3, 4)], {"order": (2, 0, 1)}), ([(2, 3, 4)], {"order": (0, 1, 2)})], ("contiguous",), mixes=INTS),
     Row("permute", lambda a, order, packed: a.permute(order) if packed else a.permute(*order),
         lambda t, a, order, packed: a.permute(order), permutation,
         [([(2, 3, 4)], {"order": (2, 0, 1), "packed": False}), ([(2, 3, 4)], {"order": (-1, 0, 1), "packed": True})],

@@ -165,3 +165,14 @@ def test_hugging_faces_eager_forms_keep_more_by_the_named_terms():
 
     torch.testing.assert_close(repeated(), grouped().reshape(B, H, T, hd))
     assert kept(repeated) - kept(grouped) == 2 * B * (H - Hkv) * T * hd * w
+
+
+def test_one_saves_like_object_reenters_and_is_reused():
+    """`ctx = tg.saves_like(...)` entered twice, and inside itself (as PyTorch's mode objects allow; issue 38)."""
+    ctx = tg.saves_like("pytorch")
+    for _ in range(2):
+        with ctx:
+            with ctx, tg.saves_like("megatron"):
+                assert tg.state.local.saves == "megatron"
+            assert tg.state.local.saves == "pytorch"
+        assert tg.state.local.saves == "engine" and tg.state.local.op_variants == {}

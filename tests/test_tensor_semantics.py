@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -368,6 +369,74 @@ def test_subtracting_bools_is_refused_as_in_pytorch():
     for call in (lambda: mask - mask, lambda: 1.0 - mask, lambda: leaf(2) - mask, lambda: leaf(2) - True):
         with pytest.raises(TypeError, match="sub: cannot subtract with a bool operand"):
             call()
+
+
+# ---- detach shares the version counter ------------------------------------------------------------------------------
+def test_a_change_through_detach_is_caught_in_backward_as_pytorchs():
+    x = leaf(3)
+    for which in ("leaf", "output"):  # a leaf's data (saved by the product), an op's output (saved by exp)
+        y = x.exp()
+        z = (y * x).exp()
+        saved = x if which == "leaf" else y
+        d = saved.detach()
+        before = saved._version
+        d.mul_(2.0)
+        assert d._version == saved._version == before + 1  # one counter for the tensor and its detach()
+        with pytest.raises(RuntimeError, match=r"saved .* changed in place afterwards .* Run backward\(\) before"):
+            z.sum().backward()
+        with tg.no_grad():
+            d.mul_(0.5)
+
+
+# ---- contiguous -----------------------------------------------------------------------------------------------------
+def test_contiguous_makes_a_permuted_tensor_viewable_as_pytorchs_and_keeps_a_laid_out_one():
+    x = leaf(2, 3, 4)
+    flat = x.permute(2, 0, 1).contiguous().view(-1)  # nanoGPT's y.transpose(1, 2).contiguous().view(B, T, C)
+    np.testing.assert_array_equal(flat.numpy(), x.data.transpose(2, 0, 1).reshape(-1))
+    (flat * np.arange(24.0)).sum().backward()
+    np.testing.assert_array_equal(x.grad, np.arange(24.0).reshape(4, 2, 3).transpose(1, 2, 0))
+    assert x.contiguous() is x and x[:, 1:2].contiguous() is not x
+    tg.use_backend("meta")
+    try:
+        m = tg.Tensor(np.zeros((2, 3), np.float32)).T.contiguous().view(6)
+        assert m.shape == (6,)
+    finally:
+        tg.use_backend("numpy")
+
+
+# ---- .grad of a tensor an op made ------------------------------------------------------------------------------------
+def test_reading_grad_of_a_non_leaf_warns_as_pytorch_and_a_leafs_is_quiet():
+    x = leaf(3)
+    h = x * 2.0
+    words = (r"The \.grad attribute of a Tensor that is not a leaf Tensor is being accessed "
+             r".*'tensor' \[3\] was made by 'scale'.*h = h\.detach\(\)\.requires_grad_\(\)")
+    with pytest.warns(UserWarning, match=words):
+        assert h.grad is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert x.grad is None  # a leaf: quiet
+        h.sum().backward()
+        assert x.grad is not None
+        with tg.Ledger():  # a Ledger entered now reads every live tensor's gradient without a word
+            pass
+
+
+# ---- grad mode as a bare decorator ----------------------------------------------------------------------------------
+def test_no_grad_and_enable_grad_decorate_with_or_without_parentheses_as_pytorchs():
+    @tg.no_grad
+    def quiet():
+        return tg.is_grad_enabled()
+
+    @tg.enable_grad
+    def loud():
+        return tg.is_grad_enabled()
+
+    assert quiet.__name__ == "quiet" and quiet() is False and tg.is_grad_enabled()
+    with tg.no_grad():
+        assert loud() is True and not tg.is_grad_enabled()
+    with pytest.raises(TypeError, match=r"no_grad: takes no argument .* got False; .* tg.set_grad_enabled\(flag\)"):
+        tg.no_grad(False)
+    assert tg.is_grad_enabled()
 
 
 # ---- grad mode in generators and coroutines -------------------------------------------------------------------------

@@ -142,17 +142,30 @@ def changed_since(buffer, seq: int):
     return change if change is not None and change[0] > seq else None
 
 
-@contextlib.contextmanager
-def patched(**values):
-    """Set attributes of this thread's state for the duration of a `with` block, then restore them."""
-    old = {k: getattr(local, k) for k in values}
-    for k, v in values.items():
-        setattr(local, k, v)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
+class Patched:
+    """Attributes of this thread's state set for a `with` block, then restored. Reusable and re-entrant, as PyTorch's
+    mode objects are (nanoGPT's `ctx = autocast(...)` entered once per step, or inside itself): each entry keeps
+    what it replaced, and its exit puts that back."""
+
+    def __init__(self, values: dict):
+        self.values, self._before = values, []
+
+    def __enter__(self) -> None:
+        self._before.append({k: getattr(local, k) for k in self.values})
+        for k, v in self.values.items():
             setattr(local, k, v)
+
+    def __exit__(self, *exc) -> None:
+        for k, v in self._before.pop().items():
+            setattr(local, k, v)
+
+    def __repr__(self) -> str:
+        return f"<patched {self.values}, entered {len(self._before)} time(s) now>"
+
+
+def patched(**values) -> Patched:
+    """Set attributes of this thread's state for the duration of a `with` block, then restore them."""
+    return Patched(values)
 
 
 SAVES = {
@@ -224,14 +237,26 @@ def _resumed(mode: bool, steps):
             thrown = exc
 
 
-def no_grad() -> GradMode:
-    """Run ops without recording: nothing is saved, outputs do not require grad (this thread only)."""
-    return GradMode(False)
+def no_grad(fn=None):
+    """Run ops without recording: nothing is saved, outputs do not require grad (this thread only). As PyTorch's,
+    `@tg.no_grad` decorates a function as `@tg.no_grad()` does."""
+    return _grad_mode("no_grad", False, fn)
 
 
-def enable_grad() -> GradMode:
-    """Record again inside a `no_grad()` block (this thread only)."""
-    return GradMode(True)
+def enable_grad(fn=None):
+    """Record again inside a `no_grad()` block (this thread only); `@tg.enable_grad` decorates as
+    `@tg.enable_grad()`."""
+    return _grad_mode("enable_grad", True, fn)
+
+
+def _grad_mode(call: str, enabled: bool, fn):
+    """GradMode(enabled), or, given a function (the mode used as a bare decorator), that function under it."""
+    if fn is None:
+        return GradMode(enabled)
+    if not callable(fn) or isinstance(fn, bool):
+        raise TypeError(f"{call}: takes no argument (`with tg.{call}():`), or the function it decorates "
+                        f"(`@tg.{call}`), got {fn!r}; to choose the mode with a flag, use tg.set_grad_enabled(flag)")
+    return GradMode(enabled)(fn)
 
 
 class set_grad_enabled(GradMode):  # noqa: N801  (PyTorch's name)

@@ -42,6 +42,11 @@ class ArrayLike:
         return backend.current().to_numpy(self.data)
 
     def item(self) -> float:
+        """The one value of a tensor of one element, as a Python number."""
+        if self.size != 1:
+            raise RuntimeError(f"item(): a Tensor with {self.size} elements (shape {list(self.shape)}) cannot be "
+                               "converted to a Python number (PyTorch's rule); index one element first (t[0].item()), "
+                               "reduce it (t.sum().item()), or take them all with t.numpy()")
         return self.numpy().item()
 
     def __len__(self) -> int:

@@ -16,6 +16,8 @@ operator defer to the tensor (`np_array + t` is a Tensor on the graph).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from .. import backend, state
@@ -84,6 +86,9 @@ class Tensor:
     # ---- autograd -------------------------------------------------------------------------
     @property
     def grad(self):
+        """The gradient backward accumulated (leaves only). Read on a tensor an op made, it warns, as PyTorch's."""
+        if self._grad is None and self._entry is not None:
+            warnings.warn(_not_a_leaf(self), UserWarning, stacklevel=2)
         return self._grad
 
     @grad.setter
@@ -324,6 +329,10 @@ class Tensor:
         copies)."""
         return ops.view(self, _shape(shape))
 
+    def contiguous(self):
+        """This tensor in row-major layout (itself if it is), as PyTorch's: what .view() needs after a permute."""
+        return self if ops.movement.is_contiguous(self.data) else ops.movement.Contiguous.apply(self)
+
     def permute(self, *axes):
         if len(axes) == 1 and isinstance(axes[0], (tuple, list)):
             axes = tuple(axes[0])
@@ -395,6 +404,13 @@ def _check_grad(tensor: Tensor, value) -> None:
         raise ValueError(f".grad of '{label}' must match the tensor: {list(tensor.shape)} "
                          f"{tensor.grad_dtype or tensor.dtype}, got "
                          f"{list(value.shape)} {value.dtype}.")
+
+
+def _not_a_leaf(t: Tensor) -> str:
+    return (f"The .grad attribute of a Tensor that is not a leaf Tensor is being accessed (PyTorch's words): "
+            f"'{t.name or 'tensor'}' {list(t.shape)} was made by '{t._entry.name}', and backward fills .grad of leaves "
+            "only, so it stays None. Read the .grad of the leaf (a parameter, an input made with requires_grad=True), "
+            "or make this one a leaf where it is made: h = h.detach().requires_grad_()")
 
 
 def _raw(x):

@@ -66,8 +66,8 @@ def scan_existing(hold, save) -> None:
     for t in tensors:
         name = t.name or "tensor"
         hold(t.data, PARAMETER if t.is_parameter else OTHER, name, "", "", EXISTING)
-        if t.grad is not None:
-            hold(t.grad, GRADIENT, name, "grad", "", EXISTING)
+        if t._grad is not None:  # not .grad: reading it on a tensor an op made warns
+            hold(t._grad, GRADIENT, name, "grad", "", EXISTING)
     for opt in state.live_optimizers():
         for p in opt.params:
             for k, a in opt.state.get(id(p), {}).items():

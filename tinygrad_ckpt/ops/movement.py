@@ -1,11 +1,13 @@
-"""Ops that move data without arithmetic: reshape, permute, swapaxes, indexing, split, concatenation, embedding
-lookup.
+"""Ops that move data without arithmetic: reshape, contiguous, permute, swapaxes, indexing, split, concatenation,
+embedding lookup.
 
 Most return views of their input, which the ledger counts once with the input's buffer. None of
 them saves an array, except indexing with an integer array (it keeps the indices).
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from .. import backend
 from ..backend import xp
@@ -17,14 +19,18 @@ class Reshape(Function):
     """out = x viewed with a new shape (a copy only if x is not contiguous). Saves nothing."""
 
     @staticmethod
-    def forward(ctx, x, shape):
+    def forward(ctx, x, shape, call="reshape"):
         shape = tuple(shape)
+        for n in shape:
+            if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+                raise TypeError(f"{call}: sizes must be integers, got {n!r} ({type(n).__name__}) in {list(shape)}; "
+                                f"pass ints, e.g. x.{call}({', '.join(str(_as_int(m)) for m in shape)})")
         known = numel([n for n in shape if n != -1])
         if shape.count(-1) > 1 or (-1 not in shape and known != numel(x.shape)) or (
             -1 in shape and (known == 0 or numel(x.shape) % known)
         ):
             raise ValueError(
-                f"reshape: cannot view an input of shape {list(x.shape)} ({numel(x.shape)} elements) "
+                f"{call}: cannot view an input of shape {list(x.shape)} ({numel(x.shape)} elements) "
                 f"as {list(shape)}; the element counts must match (at most one -1)."
             )
         return x.reshape(shape)
@@ -34,13 +40,18 @@ class Reshape(Function):
         return grad_out.reshape(ctx.in_shapes[0])
 
 
+def _as_int(n):
+    """A size as the int it stands for where it is one (2.0 -> 2), else as it is (for an error's example)."""
+    return int(n) if isinstance(n, float) and n.is_integer() else n
+
+
 class View(Reshape):
     """out = x's buffer under a new shape, as PyTorch's view: where that needs a copy (x is not contiguous in the
     way the shape asks), it raises; reshape copies. Saves nothing."""
 
     @staticmethod
     def forward(ctx, x, shape):
-        out = Reshape.forward(ctx, x, shape)
+        out = Reshape.forward(ctx, x, shape, call="view")
         be = backend.current()
         if be.buffer(out)[0] is not be.buffer(x)[0]:
             raise RuntimeError(
@@ -49,6 +60,32 @@ class View(Reshape):
                 f"{list(shape)} without a copy. Use .reshape(...) instead (it copies where it must)."
             )
         return out
+
+
+class Contiguous(Function):
+    """out = x laid out in row-major (C) order, in a new buffer: what .view() needs after a permute or a transpose
+    (Tensor.contiguous returns x itself where it is laid out so already, as PyTorch's). Saves nothing; dL/dx = g."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.copy()
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return grad_out
+
+
+def is_contiguous(a) -> bool:
+    """a is laid out in row-major order: each stride is the item size times the lengths of the axes after it (axes
+    of length 1 aside; an array of no elements is)."""
+    if 0 in a.shape:
+        return True
+    expected = np.dtype(a.dtype).itemsize
+    for n, stride in zip(reversed(a.shape), reversed(a.strides)):
+        if n != 1 and stride != expected:
+            return False
+        expected *= n
+    return True
 
 
 class Permute(Function):

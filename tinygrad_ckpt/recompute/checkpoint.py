@@ -18,6 +18,8 @@ plan: plans.py. In full: docs/house.md.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import weakref
 from dataclasses import dataclass
 
@@ -202,7 +204,7 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     # top to bottom (the forward under the observers, what the entry records, Checkpoint.apply), each step using
     # what the one before made; split, it would read as jumps between helpers passing a dozen values along. (Said
     # here, not in the docstring, which docs/api.md prints.)
-    _check_arguments(fn, determinism_check, use_reentrant)
+    _check_arguments(fn, determinism_check, use_reentrant, name)
     policy = as_policy(policy)
     st = state.local
     if not st.grad_enabled:
@@ -246,18 +248,35 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     return tree_map(lambda t: next(results), out)
 
 
-def _check_arguments(fn, determinism_check: str, use_reentrant) -> None:
+def _check_arguments(fn, determinism_check: str, use_reentrant, name) -> None:
     """Raise, naming the argument, for what checkpoint() cannot run."""
     if not callable(fn):
         hint = " (pass the function and its arguments: tg.checkpoint(block, h), not tg.checkpoint(block(h)))" \
             if isinstance(fn, Tensor) else ""
         raise TypeError(f"checkpoint: fn must be a callable, got {type(fn).__name__}{hint}")
+    if name is not None and _takes_name(fn):
+        label = getattr(fn, "__name__", type(fn).__name__)
+        raise TypeError(f"checkpoint: name={name!r} is checkpoint's own (the entry '{name}.checkpoint'), but fn "
+                        f"{label!r} takes a parameter 'name' too, which would get its default, not {name!r}. Pass fn's "
+                        f"through functools.partial: tg.checkpoint(functools.partial({label}, name={name!r}), x), "
+                        f"and add name={name!r} after it only to name the entry as well")
     if determinism_check not in ("values", "metadata", "none"):
         raise ValueError(f"checkpoint: determinism_check must be 'values', 'metadata' or 'none', got "
                          f"{determinism_check!r}")
     if use_reentrant:
         raise ValueError("checkpoint: use_reentrant=True is not implemented; this engine checkpoints with PyTorch's "
                          "non-reentrant semantics. Pass use_reentrant=False (or leave it out).")
+
+
+def _takes_name(fn) -> bool:
+    """fn has a parameter called `name` (not merely **kwargs), which checkpoint's own `name=` would shadow."""
+    if isinstance(fn, functools.partial) and "name" in fn.keywords:  # fn's own name is given already
+        return False
+    try:
+        parameter = inspect.signature(fn).parameters.get("name")
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    return parameter is not None and parameter.kind in (parameter.POSITIONAL_OR_KEYWORD, parameter.KEYWORD_ONLY)
 
 
 __all__ = ["checkpoint", "CheckpointError", "Checkpoint"]
