@@ -307,3 +307,28 @@ def test_measure_costs_gives_the_planner_each_blocks_measured_costs(plain):
     with pytest.raises(ValueError, match="remove_plan"):
         tp.measure_costs(model, step)
     tp.remove_plan(model)
+
+
+def test_a_budget_plan_leaves_gradients_and_the_rng_as_they_were():
+    """apply_plan(("budget", n)) measures the model to plan: the .grad of each parameter (values, and None where
+    there was none) and torch's global RNG state are as before, also when the planning fails."""
+    model, idx = _model("nanogpt"), _batch()
+    step = lambda: model(idx, idx)[1]  # noqa: E731
+    step().backward()
+    params = dict(model.named_parameters())
+    params["transformer.h.1.ln_1.weight"].grad = None
+    before = {n: None if p.grad is None else p.grad.clone() for n, p in params.items()}
+    objects = {n: p.grad for n, p in params.items()}
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    for budget in (2**20, -1):  # the second: nothing fits, the planner refuses
+        try:
+            tp.apply_plan(model, ("budget", budget), step=step)
+        except ValueError:
+            pass
+        finally:
+            tp.remove_plan(model)
+        assert torch.equal(torch.get_rng_state(), rng)
+        for n, p in params.items():
+            assert p.grad is objects[n], n
+            assert (p.grad is None) == (before[n] is None) and (p.grad is None or torch.equal(p.grad, before[n])), n
