@@ -332,3 +332,32 @@ def test_a_budget_plan_leaves_gradients_and_the_rng_as_they_were():
         for n, p in params.items():
             assert p.grad is objects[n], n
             assert (p.grad is None) == (before[n] is None) and (p.grad is None or torch.equal(p.grad, before[n])), n
+
+
+def test_ctrl_c_in_a_replay_leaves_no_scope_behind():
+    """KeyboardInterrupt skips torch's always_call forward hooks (they catch Exception only): the replay's scopes
+    are restored all the same, so a later measurement names each byte's layer as before."""
+    model, idx = _model("nanogpt"), _batch()
+    step = lambda: model(idx, idx)[1]  # noqa: E731
+    tp.apply_plan(model, "every_layer")
+    try:
+        reference = tp.measure(model, step).by_layer()
+        mlp, calls = model.transformer.h[1].mlp, []
+
+        def interrupted(x):
+            calls.append(1)
+            if len(calls) == 2:  # the replay, in backward
+                raise KeyboardInterrupt
+            return type(mlp).forward(mlp, x)
+
+        mlp.forward = interrupted
+        loss = step()
+        with pytest.raises(KeyboardInterrupt):
+            loss.backward()
+        del mlp.forward
+        assert len(calls) == 2 and ts._SCOPE == []
+        assert tp.measure(model, step).by_layer() == reference
+    finally:
+        tp.remove_plan(model)
+    ts._SCOPE.append("transformer.h.1.mlp")  # as a forward interrupted outside any checkpoint leaves it
+    assert tp.measure(model, step).by_layer() == tp.measure(model, step).by_layer()  # a measurement starts clean

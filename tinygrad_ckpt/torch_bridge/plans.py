@@ -601,6 +601,7 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
     applied = model.__dict__.get("_tg_plan")
     scopes = None if applied is not None else ModuleScopes(model)
     torch.manual_seed(seed)
+    ts._SCOPE.clear()  # nothing runs now: a scope left by a step interrupted outside a region is stale
     meter = ts.SavedBytes(exclude=params)
     handles = _exclusion_hooks(model, meter)
     try:
