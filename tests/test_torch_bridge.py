@@ -169,3 +169,25 @@ def test_output_saving_layer_norm_matches_pytorchs(zero_weight):
         kept = []
         ours(x)
     assert not any(t.data_ptr() == x.data_ptr() for t in kept)  # the input is not kept
+
+
+def test_a_half_loaded_state_is_refused_naming_every_key_and_nothing_is_copied():
+    tg.manual_seed(0)
+    gpt = nn.GPT(VOCAB, T, 2, H, D)
+    model = tb.TorchGPT.from_engine(gpt)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    state = {k: v + 1.0 for k, v in gpt.state_dict().items()}
+    half = {k: v for k, v in state.items() if not k.startswith("transformer.h.1.")} | {"transformer.h.2.x": 1.0}
+    with pytest.raises(KeyError, match=r"missing keys \['transformer\.h\.1\.attn\.c_attn\.bias', .*unexpected keys "
+                                       r"\['transformer\.h\.2\.x'\]; nothing was loaded"):
+        model.load_engine_state(half)
+    wrong = {**state, "transformer.h.0.ln_1.weight": np.ones((1, D), np.float32),
+             "lm_head.weight": state["transformer.wte.weight"] * 2}
+    with pytest.raises(ValueError, match=r"'transformer\.h\.0\.ln_1\.weight' is \[1, 64\] float32, the model's is "
+                                         r"\[64\] float32; .*'lm_head\.weight' name one tied parameter"):
+        model.load_engine_state(wrong)  # a [1, d] would broadcast into [d]: refused
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    model.load_engine_state(state)
+    name = "transformer.h.1.mlp.c_fc.weight"
+    assert np.array_equal(model.engine_state()[name], state[name])

@@ -124,3 +124,22 @@ def test_four_processes(tmp_path):
             assert rank["loss"] == pytest.approx(rank["reference_loss"], rel=1e-5)
             rows = td.comparison_rows(spec, rank, estimate)
             assert all(row.within <= 0.02 for row in rows), td.table(rows)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("parallel", "FSDP", r"parallel='FSDP' is not a split; use one of 'tp', 'fsdp', 'none'"),
+    ("parallel", "zero3", r"parallel='zero3' is not a split"),
+    ("sequence", "yes", r"sequence='yes' with parallel='tp'"),
+    ("plan", "every-layer", r"plan='every-layer'; use None, 'every_layer', 'sqrt'"),
+    ("plan", 0, r"plan=0"),
+    ("policy", "korthikanti", r"policy='korthikanti' names no policy; use None or one of korthikanti_selective"),
+    ("model", "tests/foreign_models.py", r"model must be a factory"),
+])
+def test_a_spec_with_a_field_it_cannot_run_is_refused_where_it_is_made(field, value, message):
+    fields = dict(model="tests/foreign_models.py:NanoGPTStyle", config=CONFIG, shape=SHAPE)
+    with pytest.raises(ValueError, match=message):
+        td.Spec(**{**fields, field: value})
+    with pytest.raises(ValueError, match=r"sequence=True with parallel='fsdp'"):
+        td.Spec("tests/foreign_models.py:NanoGPTStyle", CONFIG, SHAPE, parallel="fsdp", sequence=True)
+    for ok in ("tp", "fsdp", "none"):
+        td.Spec("tests/foreign_models.py:NanoGPTStyle", CONFIG, SHAPE, parallel=ok, plan=2, policy="save_matmuls")

@@ -42,6 +42,12 @@ def _model(name):
     return MODELS[name]()
 
 
+def _tiny():
+    """A two-block nanoGPT (d = 16) and a [2, 8] batch: for tests of what a plan leaves behind, not of its bytes."""
+    torch.manual_seed(0)
+    return fm.NanoGPTStyle(V, 8, 2, 2, 16, dropout=0.1), _batch()[:2, :8].contiguous()
+
+
 def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters()}
 
@@ -307,3 +313,56 @@ def test_measure_costs_gives_the_planner_each_blocks_measured_costs(plain):
     with pytest.raises(ValueError, match="remove_plan"):
         tp.measure_costs(model, step)
     tp.remove_plan(model)
+
+
+def test_a_budget_plan_leaves_gradients_and_the_rng_as_they_were():
+    """apply_plan(("budget", n)) measures the model to plan: the .grad of each parameter (values, and None where
+    there was none) and torch's global RNG state are as before, also when the planning fails."""
+    model, idx = _tiny()
+    step = lambda: model(idx, idx)[1]  # noqa: E731
+    step().backward()
+    params = dict(model.named_parameters())
+    params["transformer.h.1.ln_1.weight"].grad = None
+    before = {n: None if p.grad is None else p.grad.clone() for n, p in params.items()}
+    objects = {n: p.grad for n, p in params.items()}
+    torch.manual_seed(1234)
+    rng = torch.get_rng_state()
+    for budget in (2**20, -1):  # the second: nothing fits, the planner refuses
+        try:
+            tp.apply_plan(model, ("budget", budget), step=step)
+        except ValueError:
+            pass
+        finally:
+            tp.remove_plan(model)
+        assert torch.equal(torch.get_rng_state(), rng)
+        for n, p in params.items():
+            assert p.grad is objects[n], n
+            assert (p.grad is None) == (before[n] is None) and (p.grad is None or torch.equal(p.grad, before[n])), n
+
+
+def test_ctrl_c_in_a_replay_leaves_no_scope_behind():
+    """KeyboardInterrupt skips torch's always_call forward hooks (they catch Exception only): the replay's scopes
+    are restored all the same, so a later measurement names each byte's layer as before."""
+    model, idx = _tiny()
+    step = lambda: model(idx, idx)[1]  # noqa: E731
+    tp.apply_plan(model, "every_layer")
+    try:
+        reference = tp.measure(model, step).by_layer()
+        mlp, calls = model.transformer.h[1].mlp, []
+
+        def interrupted(x):
+            calls.append(1)
+            if len(calls) == 2:  # the replay, in backward
+                raise KeyboardInterrupt
+            return type(mlp).forward(mlp, x)
+
+        mlp.forward = interrupted
+        loss = step()
+        with pytest.raises(KeyboardInterrupt):
+            loss.backward()
+        del mlp.forward
+        assert len(calls) == 2 and ts._SCOPE == []
+        ts._SCOPE.append("transformer.h.1.mlp")  # as a forward interrupted outside any checkpoint leaves it
+        assert tp.measure(model, step).by_layer() == reference  # a measurement starts from an empty stack
+    finally:
+        tp.remove_plan(model)

@@ -116,3 +116,21 @@ def test_llama_names_are_the_engines_and_buffers_are_not_weights():
     assert not any(k.endswith(".attn.bias") for k in tw.engine_state(nano))  # nanoGPT's causal-mask buffer
     with pytest.raises(ValueError, match="unknown layout 'hf-bert'"):
         tw.to_torch(model, state, layout="hf-bert")
+
+
+def test_untied_weights_into_a_tied_model_are_refused_naming_both_tensors():
+    """As the engine's load_state_dict: two names of one tied parameter given different values is an error (the
+    last copy would silently overwrite the embedding), and nothing is copied."""
+    model = fm.NanoGPTStyle(V, T, L, H, D)  # lm_head tied to transformer.wte
+    state = _engine().state_dict()
+    state["lm_head.weight"] = state["transformer.wte.weight"] + 1.0  # an untied engine model's
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(tw.WeightsMismatch, match=r"lm_head\.weight and transformer\.wte\.weight name one tied "
+                                                 r"parameter of NanoGPTStyle.*different values") as caught:
+        tw.to_torch(model, state)
+    assert len(caught.value.mismatched) == 1
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    state["lm_head.weight"] = state["transformer.wte.weight"].copy()  # equal values: one weight, copied
+    tw.to_torch(model, state)
+    assert np.array_equal(model.lm_head.weight.detach().numpy(), state["lm_head.weight"])

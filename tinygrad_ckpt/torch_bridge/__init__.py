@@ -133,20 +133,41 @@ class _EngineWeights:
     """Weights from and to an engine state_dict ({name: NumPy array}): the names are the same."""
 
     def load_engine_state(self, state: dict) -> None:
-        """Copy an engine state_dict into this model (every name must be there, and no other)."""
-        own = self.state_dict()
-        missing = sorted(set(own) - set(state))
-        if missing:
-            raise KeyError(f"{type(self).__name__}.load_engine_state: missing {missing}")
+        """Copy an engine state_dict into this model: all of it, or nothing (_checked_engine_state)."""
+        own = self.state_dict(keep_vars=True)
+        ready = _checked_engine_state(f"{type(self).__name__}.load_engine_state", own, state)
         with torch.no_grad():
-            for name, value in state.items():
-                if name not in own:
-                    raise KeyError(f"{type(self).__name__}.load_engine_state: unexpected key {name!r}")
-                own[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
+            for name, value in ready.items():
+                own[name].copy_(torch.from_numpy(value))
 
     def engine_state(self) -> dict:
         """{name: NumPy array}: loads into the engine's model with load_state_dict."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.state_dict().items()}
+
+
+def _checked_engine_state(owner: str, own: dict, state: dict) -> dict:
+    """{name: contiguous array} to copy into `own` ({name: tensor}, a model's state_dict), everything checked first:
+    every name there and no other (KeyError), each value a numeric array of its tensor's shape, and the names of one
+    tied parameter given equal values (ValueError). One error names every problem."""
+    missing, unexpected = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or unexpected:
+        raise KeyError(f"{owner}: missing keys {missing}, unexpected keys {unexpected}; nothing was loaded (pass "
+                       "the engine model's whole state_dict(), of a model of the same configuration)")
+    ready, problems, first = {}, [], {}  # first: id(tensor) -> the first name it was given under
+    for name, t in own.items():
+        value = np.ascontiguousarray(state[name])
+        if value.dtype.kind not in "biuf" or value.shape != tuple(t.shape):
+            problems.append(f"'{name}' is {list(value.shape)} {value.dtype}, the model's is {list(t.shape)} "
+                            f"{str(t.dtype).removeprefix('torch.')}")
+            continue
+        ready[name] = value
+        other = first.setdefault(id(t), name)
+        if other != name and other in ready and not np.array_equal(ready[other], value):
+            problems.append(f"'{other}' and '{name}' name one tied parameter but hold different values (an untied "
+                            f"model's); give both the same array or build the model untied")
+    if problems:
+        raise ValueError(f"{owner}: {'; '.join(problems)}; nothing was loaded")
+    return ready
 
 
 class TorchGPT(_EngineWeights, torch.nn.Module):

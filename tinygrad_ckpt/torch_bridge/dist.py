@@ -28,7 +28,11 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass, field
 
+from ..recompute import policies
 from ..scale.estimate import GPTShape
+
+PARALLEL = ("tp", "fsdp", "none")  # Spec.parallel: DTensor tensor parallelism, FSDP2, unsplit
+POLICY_NAMES = ("korthikanti_selective", "save_matmuls", "save_nothing")  # Spec.policy: tinygrad_ckpt's policies
 
 
 def availability() -> str | None:
@@ -64,6 +68,27 @@ class Spec:
     policy: str | None = None  # a policy's name in tinygrad_ckpt: "korthikanti_selective", "save_matmuls"
     seed: int = 0
     extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        """Each field checked where the Spec is made (a run would otherwise go unsplit, or fail in a subprocess)."""
+        if not isinstance(self.model, str) or ":" not in self.model:
+            raise ValueError(f"Spec: model must be a factory 'path/to/file.py:name' or 'package.module:name', got "
+                             f"{self.model!r}")
+        if not isinstance(self.shape, GPTShape):
+            raise TypeError(f"Spec: shape must be a scale.estimate.GPTShape, got {type(self.shape).__name__}")
+        if self.parallel not in PARALLEL:
+            raise ValueError(f"Spec: parallel={self.parallel!r} is not a split; use one of "
+                             f"{', '.join(map(repr, PARALLEL))} (lower case)")
+        if not isinstance(self.sequence, bool) or (self.sequence and self.parallel != "tp"):
+            raise ValueError(f"Spec: sequence={self.sequence!r} with parallel={self.parallel!r}; sequence "
+                             "parallelism is True or False, and True only with parallel='tp'")
+        if not (self.plan is None or self.plan in ("every_layer", "sqrt")
+                or (isinstance(self.plan, int) and not isinstance(self.plan, bool) and self.plan >= 1)):
+            raise ValueError(f"Spec: plan={self.plan!r}; use None, 'every_layer', 'sqrt' or a number of segments "
+                             "(a JSON value: no Plan objects)")
+        if self.policy is not None and not isinstance(getattr(policies, str(self.policy), None), policies.Policy):
+            raise ValueError(f"Spec: policy={self.policy!r} names no policy; use None or one of "
+                             f"{', '.join(POLICY_NAMES)}")
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "shape": asdict(self.shape)})

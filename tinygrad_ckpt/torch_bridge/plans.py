@@ -601,6 +601,7 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
     applied = model.__dict__.get("_tg_plan")
     scopes = None if applied is not None else ModuleScopes(model)
     torch.manual_seed(seed)
+    ts._SCOPE.clear()  # nothing runs now: a scope left by a step interrupted outside a region is stale
     meter = ts.SavedBytes(exclude=params)
     handles = _exclusion_hooks(model, meter)
     try:
@@ -617,7 +618,8 @@ def measure(model: torch.nn.Module, step, seed: int = 0) -> TorchSaves:
 def measure_costs(model: torch.nn.Module, step, blocks: str | None = None) -> list[LayerCost]:
     """The planner's costs of each block, measured on `model` run plainly: a_k the bytes its modules kept
     (measure().by_layer()), b_k the bytes of its input, f_k its forward FLOPs (torch.utils.flop_counter), t_k = 0
-    (a replay is counted whole; PyTorch's early stop may skip a block's last ops)."""
+    (a replay is counted whole; PyTorch's early stop may skip a block's last ops). The parameters' .grad and
+    torch's RNG state are as they were afterwards (_kept_grads_and_rng)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     applied = model.__dict__.get("_tg_plan")
@@ -628,17 +630,37 @@ def measure_costs(model: torch.nn.Module, step, blocks: str | None = None) -> li
     hooks = [b.register_forward_pre_hook(lambda m, a, kw, k=k: inputs.__setitem__(k, _hidden_of(a, kw)) and None,
                                          with_kwargs=True) for k, b in enumerate(found)]
     try:
-        saved = measure(model, step).by_layer()
-        with torch.no_grad(), FlopCounterMode(display=False) as flops:
-            step()
+        with _kept_grads_and_rng(model):
+            saved = measure(model, step).by_layer()
+            with torch.no_grad(), FlopCounterMode(display=False) as flops:
+                step()
     finally:
         for h in hooks:
             h.remove()
     counts = {name: sum(v.values()) for name, v in flops.get_flop_counts().items()}
     root = type(model).__name__
-    model.zero_grad(set_to_none=True)
     return [LayerCost(counts.get(f"{root}.{path}.{k}", 0), saved.get(f"{path}.{k}", 0),
                       inputs[k].numel() * inputs[k].element_size()) for k in range(len(found))]
+
+
+@contextlib.contextmanager
+def _kept_grads_and_rng(model: torch.nn.Module):
+    """Run a measuring step that leaves no trace: each parameter's .grad (the same tensor, untouched: the step
+    accumulates into fresh ones) and torch's RNG state (CPU, and CUDA's where initialised) restored on every exit."""
+    params = list({id(p): p for p in model.parameters()}.values())
+    grads = [p.grad for p in params]
+    cpu = torch.get_rng_state()
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    for p in params:
+        p.grad = None
+    try:
+        yield
+    finally:
+        for p, g in zip(params, grads):
+            p.grad = g
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 def plan_for_budget(model: torch.nn.Module, budget: int, step, blocks: str | None = None,

@@ -68,6 +68,13 @@ class _Region:
         self.chunk, self.calls = chunk, 0
 
     def __call__(self, x):
+        depth = len(_SCOPE)
+        try:
+            return self._measured(x)
+        finally:  # a KeyboardInterrupt skips the always_call forward hooks that pop the blocks' scopes
+            del _SCOPE[depth:]
+
+    def _measured(self, x):
         replay, self.calls = self.calls > 0, self.calls + 1
         meter = SavedBytes.active
         if meter is None:
@@ -593,6 +600,7 @@ def measure_step(model: torch.nn.Module, idx, targets, seed: int = 0) -> TorchSt
     for p in model.parameters():
         p.grad = None
     torch.manual_seed(seed)
+    _SCOPE.clear()  # nothing runs now: a scope left by a step interrupted outside a region is stale
     handles = _module_hooks(model)
     meter = SavedBytes(exclude=params)
     try:

@@ -57,10 +57,11 @@ class WeightsMismatch(ValueError):
         super().__init__("\n".join(lines))
 
 
-def _match(what: str, target: dict, weights: dict, fill_biases: bool) -> dict:
+def _match(what: str, target: dict, weights: dict, fill_biases: bool, ties: list = (), owner: str = "") -> dict:
     """{name: array} to copy into `target` ({name: (shape, dtype name)}) from `weights` ({name: array}), every name,
     shape and dtype checked: a bias the target lacks is dropped if zero; one the weights lack is zeros if
-    fill_biases. Raises one WeightsMismatch naming every problem."""
+    fill_biases; the names of each group in `ties` (one tied parameter of `owner`) must hold equal values.
+    Raises one WeightsMismatch naming every problem."""
     missing, unexpected, mismatched, ready = [], [], [], {}
     for name, (shape, dtype) in target.items():
         if name not in weights:
@@ -75,12 +76,27 @@ def _match(what: str, target: dict, weights: dict, fill_biases: bool) -> dict:
                               f"{value.dtype}")
             continue
         ready[name] = value
+    mismatched += _untied(owner, ties, ready)
     for name, value in weights.items():
         if name not in target and not (name.endswith(".bias") and not np.any(value)):
             unexpected.append(name + (" (a nonzero bias: the target has none)" if name.endswith(".bias") else ""))
     if missing or unexpected or mismatched:
         raise WeightsMismatch(what, sorted(missing), sorted(unexpected), mismatched)
     return ready
+
+
+def _untied(owner: str, ties: list, ready: dict) -> list:
+    """A mismatch for each tied parameter of the target whose names the weights give different values (an untied
+    model's into a tied one: the last copy would overwrite the first, as the engine's load_state_dict refuses)."""
+    out = []
+    for names in ties:
+        present = [n for n in names if n in ready]  # (a name whose shape is wrong is a mismatch already)
+        for name in present[1:]:
+            if not np.array_equal(ready[present[0]], ready[name]):
+                out.append(f"{present[0]} and {name} name one tied parameter of {owner} but the weights hold "
+                           f"different values (an untied model's); untie the target (give it its own nn.Parameter "
+                           f"for {name}) or give both names the same array")
+    return out
 
 
 def detect_layout(model: torch.nn.Module) -> Layout:
@@ -131,8 +147,12 @@ def to_torch(model: torch.nn.Module, engine, layout=None) -> None:
                if not (k.endswith(".attn.bias") and k not in own)}  # nanoGPT's causal-mask buffer, if saved
     weights = {k: np.ascontiguousarray(v.T) if lay.is_transposed(k) else v for k, v in weights.items()}
     target = {n: (tuple(p.shape), _dtype_name(p.dtype)) for n, p in own.items()}
+    ties = {}
+    for name, p in own.items():
+        ties.setdefault(id(p), []).append(name)
     ready = _match(f"to_torch: into {type(model).__name__} (layout {lay.name}; transposed to [in, out]: "
-                   f"{', '.join(lay.transposed) or 'none'})", target, weights, fill_biases=False)
+                   f"{', '.join(lay.transposed) or 'none'})", target, weights, fill_biases=False,
+                   ties=[sorted(names) for names in ties.values() if len(names) > 1], owner=type(model).__name__)
     with torch.no_grad():
         for name, value in ready.items():
             own[name].copy_(torch.from_numpy(np.ascontiguousarray(value)))
