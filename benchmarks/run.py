@@ -735,24 +735,28 @@ def bench_profile(cfg, args) -> dict:
     # per op kind: time inside forward/backward of the op itself; the rest is the tape's own work
     fwd, bwd, count = defaultdict(float), defaultdict(float), defaultdict(int)
 
-    def timed(fn, kind, acc, counter=None):
-        def wrapper(ctx, *args, **kwargs):
+    def timed(method, kind, acc, counter=None):
+        """The op's forward or backward timed, as the same kind of method (static, or a class method: an op whose
+        variants override what it keeps)."""
+        fn = method.__func__
+
+        def wrapper(*args, **kwargs):
             t0 = time.perf_counter()
-            r = fn(ctx, *args, **kwargs)
+            r = fn(*args, **kwargs)
             acc[kind] += time.perf_counter() - t0
             if counter is not None:
                 counter[kind] += 1
             return r
 
-        return staticmethod(wrapper)
+        return type(method)(wrapper)
 
     patched = {}
     for name in tgops.__all__:
         cls = getattr(tgops, name)
         if isinstance(cls, type) and "forward" in cls.__dict__ and "backward" in cls.__dict__:
             patched[cls] = (cls.__dict__["forward"], cls.__dict__["backward"])
-            cls.forward = timed(cls.__dict__["forward"].__func__, cls.kind(), fwd, count)
-            cls.backward = timed(cls.__dict__["backward"].__func__, cls.kind(), bwd)
+            cls.forward = timed(cls.__dict__["forward"], cls.kind(), fwd, count)
+            cls.backward = timed(cls.__dict__["backward"], cls.kind(), bwd)
     reps = 3
     try:
         t0 = time.perf_counter()
