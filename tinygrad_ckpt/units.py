@@ -1,11 +1,14 @@
 """Byte counts as people read them: `format_bytes(3.6 * 2**20) == '3.6 MiB'`, `parse_bytes('80GB')`.
 
 The one place that turns sizes into text and back; every other module (tape, ledger, plots, the
-command line, lessons, benchmarks) calls these. Imports nothing.
+command line, lessons, benchmarks) calls these; a device's capacity is read here too (`parse_capacity`).
+Imports nothing.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 
 _BINARY = (1024, ("B", "KiB", "MiB", "GiB", "TiB", "PiB"))
@@ -33,3 +36,19 @@ def parse_bytes(text) -> int:
         )
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
+
+def parse_capacity(value, who: str = "Ledger: capacity_bytes") -> int | None:
+    """A capacity as given to Ledger (or to `who`): None (no limit), a positive number of bytes or a size such as
+    '80GB'."""
+    if value is None:
+        return None
+    wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
+    if not (isinstance(value, (numbers.Real, str)) and not isinstance(value, bool)):
+        raise TypeError(f"{who} must be {wanted}, got {value!r}")
+    try:
+        size = parse_bytes(value) if isinstance(value, str) else value
+    except (ValueError, OverflowError):  # OverflowError: '1e400GB' is an infinite float
+        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}") from None
+    if not 1 <= size < math.inf:  # NaN fails too; None (not inf) means no limit
+        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}")
+    return int(size)

@@ -1,16 +1,13 @@
 """A ledger's capacity and its allocator: the most the engine may hold, like a GPU that cannot grow.
 
-`parse_capacity` reads a capacity ("80GB", 2**30); `placement_for` plugs in the simulated allocator a ledger asks
+units.parse_capacity reads a capacity ("80GB", 2**30); `placement_for` plugs in the simulated allocator a ledger asks
 for (allocator="pytorch-cuda": cuda_allocator.Placement, imported only then); `out_of_memory` is the error an op
 raises when the engine would hold more than the capacity, or when that allocator could not get a segment.
 """
 
 from __future__ import annotations
 
-import math
-
-from ..checks import number
-from ..units import format_bytes, parse_bytes
+from ..units import format_bytes
 from .events import CATEGORIES
 
 ALLOCATORS = ("pytorch-cuda",)
@@ -18,23 +15,6 @@ ALLOCATORS = ("pytorch-cuda",)
 
 class OutOfMemoryError(RuntimeError):
     """An allocation would exceed the ledger's capacity (like a GPU that cannot grow)."""
-
-
-def parse_capacity(value, who: str = "Ledger: capacity_bytes") -> int | None:
-    """A capacity as given to Ledger (or to `who`): None (no limit), a positive number of bytes or a size such as
-    '80GB'."""
-    if value is None:
-        return None
-    wanted = "a positive number of bytes or a size such as '80GB' or '74.5 GiB'"
-    if not (number(value) or isinstance(value, str)):
-        raise TypeError(f"{who} must be {wanted}, got {value!r}")
-    try:
-        size = parse_bytes(value) if isinstance(value, str) else value
-    except (ValueError, OverflowError):  # OverflowError: '1e400GB' is an infinite float
-        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}") from None
-    if not 1 <= size < math.inf:  # NaN fails too; None (not inf) means no limit
-        raise ValueError(f"{who} must be {wanted} (None for no limit), got {value!r}")
-    return int(size)
 
 
 def placement_for(allocator: str | None, alloc_conf: str, capacity: int | None):

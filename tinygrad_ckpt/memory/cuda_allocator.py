@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..units import format_bytes
+from ..units import format_bytes, parse_capacity
 from .alloc_conf import (  # noqa: F401 (MiB, MIN_BLOCK_SIZE, allocation_size: re-exported for the allocator's users)
     DEFAULT,
     LARGE_BUFFER,
@@ -34,7 +34,6 @@ from .alloc_conf import (  # noqa: F401 (MiB, MIN_BLOCK_SIZE, allocation_size: r
     allocation_size,
     round_size,
 )
-from .capacity import parse_capacity
 from .cuda_memory import BASE_ADDRESS, MemoryBlock, Pool, Segment, snapshot
 
 DEFAULT_DEVICE_BYTES = 2**40  # sizes an expandable segment's address range when no capacity is given

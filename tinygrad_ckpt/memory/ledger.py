@@ -25,10 +25,10 @@ import numpy as np
 from .. import state
 from ..checks import one_of
 from ..engine.observe import Observer
-from ..units import format_bytes
+from ..units import format_bytes, parse_capacity
 from . import exports, queries
 from .buffers import Holdings, holder_fields
-from .capacity import ALLOCATORS, OutOfMemoryError, out_of_memory, parse_capacity, placement_for, reserved_line
+from .capacity import ALLOCATORS, OutOfMemoryError, out_of_memory, placement_for, reserved_line
 from .categories import scan_existing
 from .counts import check_whole
 from .events import (
