@@ -1,6 +1,7 @@
 """docs/api.md is what `tinygrad-ckpt api-docs` writes from the docstrings now (the CI check for a stale
 page), it covers every export, and the README's "Your own model's memory timeline" snippet runs."""
 
+import gc
 import json
 import pathlib
 import re
@@ -50,6 +51,8 @@ def test_readme_timeline_snippet_runs(tmp_path, monkeypatch):
     assert any(e.get("ph") == "X" for e in events)  # op slices
     led = scope["led"]
     assert led.peak_bytes("activation") > 0 and led.peak_bytes("optimizer") > 0 and led.flops("backward") > 0
+    scope.clear()
+    gc.collect()  # the example's model and optimizer go now, not under a later test's ledger (as untouched bytes)
 
 
 def test_the_command_writes_the_page(tmp_path, monkeypatch, capsys):

@@ -425,11 +425,15 @@ def plot_saved_breakdown(ax, breakdown, title: str | None = None, unit: str | No
         ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     if legend:
-        handles = handles[::-1]
-        if legend == "below":
-            ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=min(4, len(handles)),
-                      fontsize=8, frameon=False)
-        else:
-            ax.legend(handles=handles, title=legend_title, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                      fontsize=8, title_fontsize=8, frameon=False)
+        _parts_legend(ax, handles[::-1], below=legend == "below", title=legend_title)
     return {"unit": unit}
+
+
+def _parts_legend(ax, handles, below: bool, title: str) -> None:
+    """The stacked parts' legend, top part first: in rows under the axes, or in a column to their right."""
+    if below:
+        ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=min(4, len(handles)),
+                  fontsize=8, frameon=False)
+    else:
+        ax.legend(handles=handles, title=title, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8,
+                  title_fontsize=8, frameon=False)

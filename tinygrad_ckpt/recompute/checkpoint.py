@@ -199,11 +199,11 @@ def checkpoint(fn, *args, name: str | None = None, preserve_rng_state: bool = Tr
     "values" (shapes, dtypes and fingerprints of what each op saves and a sample of what it returns),
     "metadata" (shapes and dtypes) or "none". use_reentrant: only False (or None) exists here: PyTorch's
     non-reentrant semantics. Under tg.no_grad() this is a plain call.
+
+    Longer than the house's ~50 lines on purpose: the segment operator a learner steps through in pdb, top to bottom
+    (the forward under the observers, what the entry records, Checkpoint.apply), each step using what the one before
+    made; split, it would read as jumps between helpers passing a dozen values along.
     """
-    # Longer than the house's ~50 lines on purpose: this is the segment operator a learner steps through in pdb,
-    # top to bottom (the forward under the observers, what the entry records, Checkpoint.apply), each step using
-    # what the one before made; split, it would read as jumps between helpers passing a dozen values along. (Said
-    # here, not in the docstring, which docs/api.md prints.)
     _check_arguments(fn, determinism_check, use_reentrant, name)
     policy = as_policy(policy)
     st = state.local
