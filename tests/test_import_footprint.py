@@ -7,6 +7,9 @@ import json
 import subprocess
 import sys
 
+import pytest
+from needs import TORCH_MISSING
+
 import tinygrad_ckpt as tg
 
 WINGS_NOT_LOADED = ("tinygrad_ckpt.scale", "tinygrad_ckpt.torch_bridge", "tinygrad_ckpt.app",
@@ -35,8 +38,15 @@ def test_a_ledger_without_an_allocator_loads_no_allocator_simulation():
 def test_every_public_name_resolves():
     for name in tg.__all__:
         assert getattr(tg, name) is not None, name
-    from tinygrad_ckpt import debug, functional, nn, optim, plots, torch_bridge  # noqa: F401
-    assert plots.__name__ == "tinygrad_ckpt.memory.plots" and torch_bridge.__name__ == "tinygrad_ckpt.torch_bridge"
+    from tinygrad_ckpt import debug, functional, nn, optim, plots  # noqa: F401
+    assert plots.__name__ == "tinygrad_ckpt.memory.plots"
+
+
+def test_the_bridge_is_reached_by_its_old_name():
+    pytest.importorskip("torch", reason=TORCH_MISSING)
+    from tinygrad_ckpt import torch_bridge, torch_plans
+
+    assert torch_bridge.__name__ == "tinygrad_ckpt.torch_bridge" and torch_plans is torch_bridge.plans
 
 
 def test_an_unknown_name_is_an_attribute_error():
