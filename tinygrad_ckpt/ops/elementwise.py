@@ -243,31 +243,33 @@ class Sigmoid(Function):
 
 class MaskedFill(Function):
     """out = value where mask else x·scale (e.g. -inf above the diagonal; attention's 1/√d folded in, so the
-    scores are not copied once more): dL/dx = 0 where mask else g·scale. Saves the boolean mask; mask=None is
-    the causal mask of x's last two axes, which it makes again in backward instead (as Megatron's fused
-    softmax, which keeps no mask: scale/save_profiles.py)."""
+    scores are not copied once more): dL/dx = 0 where mask else g·scale. Saves the boolean mask."""
 
     op = "masked_fill"
 
     @staticmethod
     def causal_mask_to_give(t_q: int, t_k: int):
-        """The mask a causal attention passes: the [t_q, t_k] causal mask, made once and kept (None would have
-        forward and backward each make it)."""
+        """The mask a causal attention passes: the [t_q, t_k] causal mask, made once and kept."""
         return causal_mask(t_q, t_k)
 
     @staticmethod
     def forward(ctx, x, mask, value: float, scale: float = 1.0):
-        if mask is None:
-            mask = causal_mask(*x.shape[-2:])
-        else:
-            broadcast_shape("masked_fill", x.shape, mask.shape)
-            ctx.save(mask=mask)
+        broadcast_shape("masked_fill", x.shape, mask.shape)
+        ctx.save(mask=mask)
+        return MaskedFill.fill(ctx, x, mask, value, scale)
+
+    @staticmethod
+    def fill(ctx, x, mask, value: float, scale: float):
+        """The fill itself, and its FLOPs (what a variant that keeps no mask runs too)."""
         ctx.scale = scale
         ctx.flops = ((1 + (scale != 1)) * numel(x.shape), (1 + (scale != 1)) * numel(x.shape))
         return kernels.masked_fill(x, mask, value, scale)
 
     @staticmethod
     def backward(ctx, grad_out):
-        mask = ctx.saved["mask"] if "mask" in ctx.saved else causal_mask(*ctx.in_shapes[0][-2:])
+        return MaskedFill.grad(ctx, grad_out, ctx.saved["mask"])
+
+    @staticmethod
+    def grad(ctx, grad_out, mask):
         grad = kernels.masked_fill_grad(grad_out, mask, ctx.scale)  # 0 where mask else g·scale
         return unbroadcast(grad, ctx.in_shapes[0]), None

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from .. import ops, state
 from ..backend import kernels
+from ..ops._util import causal_mask
 from ..state import SAVES
 
 
@@ -97,11 +98,20 @@ class PyTorchCombine(ops.Combine):
 
 
 class MegatronMaskedFill(ops.MaskedFill):
-    """The causal fill of Megatron's fused softmax, which keeps no mask: forward and backward each make it."""
+    """The causal fill of Megatron's fused softmax, which keeps no mask: forward and backward each make the causal
+    mask of x's last two axes."""
 
     @staticmethod
     def causal_mask_to_give(t_q: int, t_k: int):
         return None
+
+    @staticmethod
+    def forward(ctx, x, mask, value: float, scale: float = 1.0):
+        return ops.MaskedFill.fill(ctx, x, causal_mask(*x.shape[-2:]), value, scale)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        return ops.MaskedFill.grad(ctx, grad_out, causal_mask(*ctx.in_shapes[0][-2:]))
 
 
 PROFILES = {
