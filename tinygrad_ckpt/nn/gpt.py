@@ -22,6 +22,8 @@ from .module import (
     _heads,
     _input,
     _size,
+    _token_ids,
+    next_token_logits_and_loss,
 )
 
 
@@ -131,36 +133,16 @@ class GPT(Module):
         self.vocab_size, self.block_size, self.checkpoint = vocab_size, block_size, checkpoint
 
     def forward(self, idx, targets=None):
-        be = backend.current()
         given = idx.data if isinstance(idx, Tensor) else idx
-        idx = given if be.is_array(given) else be.asarray(given)  # NumPy ids work on any backend
-        if len(idx.shape) != 2 or idx.dtype.kind not in "iu":
-            raise ValueError(f"GPT: idx must be integer token ids of shape [B, T], got {list(idx.shape)} {idx.dtype}"
-                             + ("; add a batch axis: idx[None]" if len(idx.shape) == 1 else "")
-                             + ("; convert: idx.astype(np.int64)" if idx.dtype.kind in "fb" else ""))
-        B, T = idx.shape
-        if T == 0:
-            raise ValueError(f"GPT: idx {list(idx.shape)} holds no positions: give at least one token per row")
-        if T > self.block_size:
-            raise ValueError(f"GPT: sequence length {T} exceeds block_size {self.block_size}")
+        idx = _token_ids("GPT", given, self.block_size)
+        T = idx.shape[1]
         tr = self.transformer
         pos = backend.xp().arange(T)
         x = tr.drop(tr.wte(idx) + tr.wpe(pos))  # [B, T, d]
         x = self.run_blocks(x)
         x = tr.ln_f(x)
-        if targets is None:
-            return self.lm_head(x[:, T - 1:, :]), None
-        logits = self.lm_head(x)  # [B, T, vocab]
-        targets = targets.data if isinstance(targets, Tensor) else targets
-        if targets is given:  # model(idx, idx): one array, moved to the backend once
-            targets = idx
-        targets = targets if be.is_array(targets) else be.asarray(targets)
-        if tuple(targets.shape) != (B, T):
-            raise ValueError(f"GPT: targets must have idx's shape [{B}, {T}] (one next token per position), got "
-                             f"{list(targets.shape)}")
-        loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
-        return logits, loss
+        return next_token_logits_and_loss("GPT", self.lm_head, x, idx, given, targets, self.vocab_size)
 
     def run_blocks(self, x):
-        """Run the blocks, checkpointed as `self.checkpoint` says (checkpoint_plans.run_checkpointed)."""
+        """Run the blocks, checkpointed as `self.checkpoint` says (recompute/plans.py: run_checkpointed)."""
         return run_checkpointed(list(self.transformer.h), x, self.checkpoint)

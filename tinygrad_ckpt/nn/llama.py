@@ -25,6 +25,7 @@ from .module import (
     _real,
     _size,
     _token_ids,
+    next_token_logits_and_loss,
 )
 
 
@@ -296,18 +297,8 @@ class Llama(Module):
                                for _ in range(2))
         x, statistics = self.model(idx, self.checkpoint, statistics)
         self.aux_loss = None if statistics is None else self._load_balancing_loss(*statistics, B * T)
-        if targets is None:
-            return self.lm_head(x[:, T - 1:, :]), None
-        logits = self.lm_head(x)  # [B, T, vocab]
-        targets = targets.data if isinstance(targets, Tensor) else targets
-        if targets is given:  # model(idx, idx): one array, moved to the backend once
-            targets = idx
-        targets = targets if be.is_array(targets) else be.asarray(targets)
-        if tuple(targets.shape) != (B, T):
-            raise ValueError(f"Llama: targets must have idx's shape [{B}, {T}] (one next token per position), got "
-                             f"{list(targets.shape)}")
-        loss = F.cross_entropy(logits.reshape(B * T, self.vocab_size), targets.reshape(-1))
-        if self.aux_loss is not None:
+        logits, loss = next_token_logits_and_loss("Llama", self.lm_head, x, idx, given, targets, self.vocab_size)
+        if loss is not None and self.aux_loss is not None:
             loss = loss + self.aux_loss * self.router_aux_loss_coef
         return logits, loss
 

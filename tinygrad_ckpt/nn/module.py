@@ -407,3 +407,22 @@ def _token_ids(owner: str, given, block_size: int):
     if T > block_size:
         raise ValueError(f"{owner}: sequence length {T} exceeds block_size {block_size}")
     return idx
+
+
+def next_token_logits_and_loss(owner: str, lm_head, x, idx, given, targets, vocab_size: int):
+    """A language model's head: (logits of the last position, None) without targets; with them the logits of every
+    position [B, T, vocab] and the mean cross-entropy against targets of idx's shape (`given` is what the caller
+    passed as idx: model(idx, idx) moves one array to the backend once)."""
+    B, T = idx.shape
+    if targets is None:
+        return lm_head(x[:, T - 1:, :]), None
+    logits = lm_head(x)  # [B, T, vocab]
+    be = backend.current()
+    targets = targets.data if isinstance(targets, Tensor) else targets
+    if targets is given:
+        targets = idx
+    targets = targets if be.is_array(targets) else be.asarray(targets)
+    if tuple(targets.shape) != (B, T):
+        raise ValueError(f"{owner}: targets must have idx's shape [{B}, {T}] (one next token per position), got "
+                         f"{list(targets.shape)}")
+    return logits, F.cross_entropy(logits.reshape(B * T, vocab_size), targets.reshape(-1))
