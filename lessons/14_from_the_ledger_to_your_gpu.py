@@ -148,7 +148,9 @@ def main(quick: bool = False, out: str = "figures") -> dict:
         print(f"  {name:<26} reserved peak {C.format_bytes(trace.peak_reserved)}, allocated (blocks) peak "
               f"{C.format_bytes(trace.peak_allocated)}, ledger peak {C.format_bytes(led.peak_bytes())}, "
               f"{len(trace.segments)} segments at the end")
-    result["timeline"] = {"total": led.timeline()["total"], **{k: t.reserved for k, t in traces.items()}}
+    entry = sum(ev.action == "existing" for ev in led.events) - 1  # from the state at entry (what the step held
+    result["timeline"] = {"event": range(entry, len(led.events)),  # before it began), not the scan's ramp up to it
+                          "total": led.timeline()["total"][entry:], **{k: t.reserved[entry:] for k, t in traces.items()}}
     result["reserved_by_conf"] = {k: t.peak_reserved for k, t in traces.items()}
 
     C.heading("5. The largest batch that fits, each way and plan")
@@ -226,7 +228,7 @@ def figure(path, r: dict, batches) -> None:
     a.set_ylim(0, top / GiB * 1.3)
 
     tl = r["timeline"]
-    steps = range(len(tl["total"]))
+    steps = tl["event"]
     b.plot(steps, tl["total"] / GiB, color="#333333", lw=1.2, label="allocated (the ledger)")
     b.plot(steps, tl["default"] / GiB, color="#2166AC", lw=1.2, label="reserved, default allocator")
     b.plot(steps, tl["expandable_segments:True"] / GiB, color="#1B9E77", lw=1.0, ls="--",

@@ -12,6 +12,7 @@ from tinygrad_ckpt import nn, optim
 from tinygrad_ckpt.app import cli
 from tinygrad_ckpt.memory import cuda_allocator
 from tinygrad_ckpt.memory.alloc_conf import MiB, Settings
+from tinygrad_ckpt.memory.events import CATEGORIES
 
 V, T = 32, 8
 IDX = np.random.default_rng(0).integers(0, V, (2, T))
@@ -156,3 +157,17 @@ def test_a_ledger_entered_with_a_graph_alive_draws_it_held_from_the_start():
     for curve in (counters[0], {c: int(drawn[c][0]) for c in ("activation", "parameter")}):
         assert curve["activation"] == int(tl["activation"][n - 1]) == saved  # the saves, all there at the start
         assert curve["parameter"] == sum(p.nbytes for p in model.parameters())
+    for c in (*CATEGORIES, "total"):  # the timeline itself: the scan's rows all show the state at entry (no ramp)
+        assert (tl[c][:n] == tl[c][n - 1]).all(), c
+    assert tl["total"][0] == at_entry[2]
+
+
+def test_the_timeline_of_a_ledger_with_an_allocator_entered_with_work_alive_starts_reserved():
+    tg.manual_seed(0)
+    model = nn.GPT(V, T, 2, 2, 256)  # weights of 256 KiB: the scan's buffers need more than one segment
+    loss = model(IDX, IDX)[1]
+    with tg.Ledger(allocator="pytorch-cuda") as led:
+        loss.backward()
+    tl = led.timeline()
+    n = sum(e.action == "existing" for e in led.events)
+    assert n > 1 and (tl["reserved"][:n] == tl["reserved"][n - 1]).all() and tl["reserved"][0] >= tl["total"][0] > 0

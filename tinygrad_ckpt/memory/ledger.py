@@ -310,8 +310,9 @@ class Ledger(Observer):
         """Equal-length NumPy arrays, one entry per event kept: seq, step, cumulative flops, phase, time, the
         live bytes of each category after the event, and their total, "untouched" included (what the process
         holds; total - untouched is what the run used, whose highest is peak_bytes()); exact in a bounded ledger
-        too: counted from the bytes held before its first kept event. With an allocator, "reserved": the bytes
-        PyTorch's caching allocator would hold in segments after each event (>= what the buffers take)."""
+        too: counted from the bytes held before its first kept event. What was alive at entry is held from the first
+        row (the entry scan's rows all show the state after it). With an allocator, "reserved": the bytes PyTorch's
+        caching allocator would hold in segments after each event (>= what the buffers take)."""
         return queries.timeline(self.events, self._window.base_live, self._window.base_flops, self.placement)
 
     def backward_passes(self) -> list[tuple[int, int]]:

@@ -18,7 +18,9 @@ from .events import ALLOCATED, BACKWARD, CATEGORIES, EXISTING, PHASES, RECOMPUTE
 
 def timeline(log, base_live: list, base_flops: int, placement=None) -> dict:
     """Ledger.timeline() of the events in `log`, counted from the bytes live before its first event (`base_live`) and
-    the FLOPs before it; with a placement, "reserved" after each event."""
+    the FLOPs before it; with a placement, "reserved" after each event. The "existing" events the ledger's entry
+    scan wrote (one per buffer alive then) all show the state after the last of them: that work was held from the
+    start, so no column ramps up to it."""
     col = log.columns()
     action, cat, src, nbytes = col["action"], col["category"], col["from_category"], col["nbytes"]
     allocates = ((action == EXISTING) | (action == ALLOCATED)) & (src < 0)
@@ -34,10 +36,16 @@ def timeline(log, base_live: list, base_flops: int, placement=None) -> dict:
         out[name] = base_live[c] + np.cumsum(np.where(into, nbytes, 0) - np.where(out_of, nbytes, 0))
         total += out[name]
     out["total"] = total
-    out["phase"] = np.array(PHASES, dtype=object)[col["phase"]]
-    out["time"] = col["time"]
     if placement is not None:  # what PyTorch's allocator would have reserved (Ledger(allocator=...))
         out["reserved"] = np.array(placement.after_event, dtype=np.int64)
+    existing = np.flatnonzero(action == EXISTING)
+    if len(existing) > 1:  # the entry scan's rows: all at the state after it
+        at_entry = existing[-1]
+        for name in (*CATEGORIES, "total", "reserved"):
+            if name in out:
+                out[name][existing[:-1]] = out[name][at_entry]
+    out["phase"] = np.array(PHASES, dtype=object)[col["phase"]]
+    out["time"] = col["time"]
     return out
 
 
