@@ -149,8 +149,8 @@ def main(quick: bool = False, out: str = "figures") -> dict:
               f"{C.format_bytes(trace.peak_allocated)}, ledger peak {C.format_bytes(led.peak_bytes())}, "
               f"{len(trace.segments)} segments at the end")
     entry = sum(ev.action == "existing" for ev in led.events) - 1  # from the state at entry (what the step held
-    result["timeline"] = {"event": range(entry, len(led.events)),  # before it began), not the scan's ramp up to it
-                          "total": led.timeline()["total"][entry:], **{k: t.reserved[entry:] for k, t in traces.items()}}
+    reserved = {k: t.reserved[entry:] for k, t in traces.items()}  # before it began), not the scan's ramp up to it
+    result["timeline"] = {"event": range(entry, len(led.events)), "total": led.timeline()["total"][entry:], **reserved}
     result["reserved_by_conf"] = {k: t.peak_reserved for k, t in traces.items()}
 
     C.heading("5. The largest batch that fits, each way and plan")
