@@ -49,6 +49,31 @@ def test_one_layer_agrees_with_table_2_once_each_difference_is_named(s, b, h, a,
     assert named["dropout masks"] == sum(-(-n // 8) - n for n in masks)  # 1 bit an element here
 
 
+@pytest.mark.parametrize("saves", ["megatron", "pytorch"])
+@pytest.mark.parametrize("s,b,h,a", [(32, 2, 64, 8), (64, 1, 32, 4), (16, 3, 96, 8)])
+@pytest.mark.parametrize("t,sequence", [(1, False), (2, False), (4, False), (2, True), (4, True)])
+@pytest.mark.parametrize("checkpoint", [None, "selective", "every_layer"])
+def test_table_2_every_row_is_exact_under_megatrons_and_pytorchs_saves(saves, s, b, h, a, t, sequence, checkpoint):
+    """Table 2's five rows (t; t with sequence parallelism; full recompute; selective; selective with sequence
+    parallelism) at three shapes, with the frameworks' own saves: no byte unexplained, the layer norms' term
+    their kept inputs (under a selective policy the block input and the residual sum are those inputs)."""
+    shape = _shape(s, b, h, a, dropout=0.0)
+    par = Parallelism(tensor=t, sequence=sequence)
+    led, _ = ParallelStep(shape, par, "none", saves=saves).measure(checkpoint)
+    if checkpoint == "every_layer":
+        c = report.full_recompute_layer(led, shape, par)
+        assert c.unexplained == 0 and c.measured == c.formula > 0, c
+        return
+    c = report.compare_layer(led, shape, par, checkpoint == "selective")
+    assert c.unexplained == 0, c
+    named = dict((label, n) for label, n, _ in c.explained)
+    terms = est.korthikanti_parallel_terms(s, b, h, a, t, sequence, checkpoint == "selective")
+    stats = 2 * 2 * b * s // (t if sequence else 1) * 2  # PyTorch's layer norms: mean and 1/std, [B, T(/t)], 2 B
+    assert named["layer norms"] == (stats if saves == "pytorch" else 0)  # its input: the paper's term exactly
+    if checkpoint == "selective":
+        assert named["c_proj input, rebuilt"] == -terms["attn.proj_input"]
+
+
 def test_without_dropout_the_papers_dropout_terms_are_the_difference():
     shape = _shape(32, 2, 64, 8, dropout=0.0)
     par = Parallelism(tensor=2)

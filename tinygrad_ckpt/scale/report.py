@@ -380,13 +380,18 @@ def parallel_report(shape: est.GPTShape, par: Parallelism, optimizer: str, check
                     tuple(f"transformer.h.{i}" for i in range(len(step.model.transformer.h))),
                     frozenset(p.name for p in step.model.parameters()))
     fit = device_fit(step.zero_events(led) if par.zero else led.events, capacity, device, alloc_conf)
-    if as_json:
-        return json.dumps(run_summary(m, fit, assumed, view=view) | {"parallelism": par.describe()})
+    layer = full_recompute_layer(led, step.shape, par) if checkpoint == "every_layer" else \
+        compare_layer(led, step.shape, par, checkpoint == "selective", attention)
+    if as_json:  # the fields the text prints: one layer's saves as the Table 2 section measures them
+        return json.dumps(run_summary(m, fit, assumed, view=view) | {
+            "parallelism": par.describe(), "per_layer_saved_bytes": layer.measured, "table_2": {
+                "measured_bytes": layer.measured, "formula": layer.formula_text, "formula_bytes": layer.formula,
+                "terms": {label: n for label, n, _ in layer.explained if n}, "unexplained_bytes": layer.unexplained}})
     lines = _shard_run_lines(m, par, seconds, assumed) + _shard_memory_lines(m, par, view, fit)
     if checkpoint == "every_layer":
-        lines += ["", *_full_recompute_lines(led, step.shape, par)]
+        lines += ["", *_full_recompute_lines(layer, par)]
     else:
-        lines += ["", *korthikanti_comparison(led, step.shape, par, checkpoint == "selective", attention)]
+        lines += ["", *korthikanti_comparison(layer, step.shape)]
     if par.pipeline > 1:
         lines += ["", pipeline_note(led, step.shape, par)]
     if capacity is not None:
@@ -404,8 +409,8 @@ def _shard_run_lines(m: Measurement, par: Parallelism, seconds: float, assumed) 
     chunks = f" in {v} chunks" if v > 1 else ""
     lines = [
         describe_run(m),
-        f"{par.describe()}: device 0 ({stage}{L // p} layers{chunks}, {a // t} of {a} heads, microbatch {b}) "
-        f"measured on the meta backend in {seconds:.2f} s",
+        f"{par.describe()}: device 0 ({stage}{L // p} layers{chunks}, {a // t} of {a} heads, microbatch {b}; "
+        f"{m.n_params:,} parameters) measured on the meta backend in {seconds:.2f} s",
     ]
     if assumed:
         lines += ["", "assumed (not given; each has a flag):", *[f"  - {x}" for x in assumed]]
@@ -418,11 +423,12 @@ def _shard_memory_lines(m: Measurement, par: Parallelism, view: dict, fit: Devic
     param_grads, flight_grads = m.gradient_peaks()
     zero = "" if not par.zero else f"with ZeRO-{par.zero} over {par.data} (÷{par.data} from the measurement)"
     lines = ["", _row("per device (peak of each category)", "measured", zero)]
-    for label, cat, n in (("parameters", "parameter", None), ("parameter gradients", "gradient", param_grads),
+    for label, cat, n in (("parameters", "parameter", None), ("parameter gradients", None, param_grads),
                           ("activation gradients (in flight)", None, flight_grads),
+                          ("gradients (both, at once)", "gradient", None),
                           ("optimizer states", "optimizer", None),
                           ("activations (saved for backward)", "activation", None),
-                          ("other (live outputs, inputs)", "other", None)):
+                          ("other (live outputs and inputs)", "other", None)):
         lines.append(_row(label, _b(led.peak_bytes(cat) if n is None else n), _b(view[cat]) if par.zero and cat
                           else ""))
     lines.append(_row("total peak", _b(led.peak_bytes()), _b(view["peak"]) if par.zero else ""))
@@ -431,17 +437,21 @@ def _shard_memory_lines(m: Measurement, par: Parallelism, view: dict, fit: Devic
     return lines
 
 
-def _full_recompute_lines(led, shape: est.GPTShape, par: Parallelism) -> list[str]:
+def full_recompute_layer(led, shape: est.GPTShape, par: Parallelism) -> LayerComparison:
     """What one layer holds under full recompute when backward starts, beside Table 2's 2sbh (/t when split)."""
     s, b, h, t = shape.seq_len, shape.batch // par.microbatches, shape.d_model, par.tensor
     block0 = saved_after_forward(led, "transformer.h.0")
     kept = sum(e.nbytes for e in block0.values()) // _in_flight(par)
     full = est.korthikanti_full_recompute_bytes(s, b, h, shape.value_bytes) // (t if par.sequence else 1)
+    return LayerComparison(kept, full, "2sbh" + ("/t (split)" if par.sequence else ""), [], kept - full)
+
+
+def _full_recompute_lines(c: LayerComparison, par: Parallelism) -> list[str]:
     return ["activations of one layer under full recompute (held when backward starts):",
-            _row("measured (ledger, block 0)", f"{kept:,}"),
-            _row("K22 Table 2: 2sbh" + ("/t (split)" if par.sequence else ""), f"{full:,}",
+            _row("measured (ledger, block 0)", f"{c.measured:,}"),
+            _row(f"K22 Table 2: {c.formula_text}", f"{c.formula:,}",
                  "", "the block input" + ("; sequence parallelism splits it by t" if par.sequence else "")),
-            _row("  unexplained", f"{kept - full:+,}", "", "(agrees exactly)" if kept == full else "")]
+            _row("  unexplained", f"{c.unexplained:+,}", "", "(agrees exactly)" if c.unexplained == 0 else "")]
 
 
 def pipeline_note(led, shape, par) -> str:
@@ -513,7 +523,15 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool,
         return sum(e.nbytes for e in saves.values() if e.op == op and not (e.kept and e.role == "output")) // in_flight
 
     masks = sum(n for k, n in terms.items() if k.endswith("dropout_mask"))
-    explained = [("layer norms", measured_by("layer_norm") - terms["layernorms"],
+    kept_input = sum(e.nbytes for e in saves.values() if e.op == "checkpoint" and e.role == "input0") // in_flight
+    # Under a selective policy, layer norms that keep their input (PyTorch's, Megatron's) find it kept for them:
+    # ln_2's is the residual sum the policy keeps as an output, ln_1's the block input the checkpoint keeps.
+    kept_sums = sum(e.nbytes for e in saves.values() if e.op == "add" and e.kept and e.role == "output") // in_flight
+    norms_read_input = selective and attention != "flash" and kept_sums > 0
+    norms = measured_by("layer_norm") + (kept_sums + kept_input if norms_read_input else 0)
+    explained = [("layer norms", norms - terms["layernorms"],
+                  "their inputs, kept for them (ln_1's: the block input the checkpoint keeps; ln_2's: the residual "
+                  "sum the policy keeps), and any mean or 1/std, minus the paper's inputs" if norms_read_input else
                   "the ledger's layer-norm saves minus the paper's inputs (the engine's keep 1/std and the output, "
                   "which is the next linear's input, a term of the paper's; PyTorch's the input, mean and 1/std)"),
                  ("causal mask [T, T]", measured_by("masked_fill"), "the paper's attention keeps no mask"),
@@ -532,17 +550,18 @@ def compare_layer(led, shape: est.GPTShape, par: Parallelism, selective: bool,
         explained.append(("flash attention's output, log-sum-exp", measured_by("chunked_attention") - qkv,
                           "besides q, k, v it keeps its output (c_proj keeps that again, transposed: a copy) and a "
                           "log-sum-exp a row"))
+    elif norms_read_input:
+        explained.append(("c_proj input, rebuilt", -terms["attn.proj_input"],
+                          "not kept: the replay rebuilds it from the q, k, v the policy keeps"))
     elif selective and not sp:
-        kept_input = sum(e.nbytes for e in saves.values() if e.op == "checkpoint" and e.role == "input0") // in_flight
         explained.append(("block input vs c_proj input", kept_input - terms["attn.proj_input"],
                           "the checkpoint keeps the block input whole; the replay rebuilds c_proj's input (÷t)"))
     k22 = sum(terms.values())
     return LayerComparison(measured, k22, text, explained, measured - k22 - sum(n for _, n, _ in explained))
 
 
-def korthikanti_comparison(led, shape: est.GPTShape, par: Parallelism, selective: bool,
-                           attention: str = "explicit") -> list[str]:
-    c = compare_layer(led, shape, par, selective, attention)
+def korthikanti_comparison(c: LayerComparison, shape: est.GPTShape) -> list[str]:
+    """compare_layer's result as the report's lines."""
     lines = [f"activations of one layer, one microbatch (held when backward starts), {shape.value_bytes} B values, "
              "1 B masks:",
              _row("measured (ledger, block 0)", f"{c.measured:,}"),
