@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import importlib.util
 import io
 import sys
@@ -141,6 +142,8 @@ def run(quick: bool = False, only=None, out=None, verbose: bool = False) -> dict
     for i, path in enumerate(paths, 1):
         label = f"[{i}/{len(paths)}] {path.stem}"
         module = load_lesson(path)
+        gc.collect()  # what is alive now (modules, torch, earlier lessons' results) lives to the end of the run:
+        gc.freeze()  # frozen, the gc.collect() each measurement runs first scans only the lesson's own objects
         captured = io.StringIO()
         ticker = None if verbose else _Ticker(stream, label)
         if verbose:
