@@ -316,7 +316,7 @@ BRUTE_FORCE_CASES = [  # (n, nesting depth enumerated, chain)
     (6, 1, random_chain(random.Random(4), 6)),
     (4, 4, random_chain_with_tails(random.Random(5), 4)),
     (5, 3, random_chain_with_tails(random.Random(6), 5)),
-    (5, 5, random_chain_with_tails(random.Random(7), 5)),
+    (5, 4, random_chain_with_tails(random.Random(7), 5)),
     (6, 2, random_chain_with_tails(random.Random(8), 6)),
 ]
 
